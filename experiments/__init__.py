@@ -1,0 +1,1 @@
+"""Speculative-decoding experiment workspace: config -> launch spec -> server -> workload -> MLflow."""

@@ -1,0 +1,150 @@
+"""Workload client: streams requests at each concurrency level, one JSONL record per finished request."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from experiments.engines.base import EngineAdapter
+from experiments.prompts import Prompt
+from experiments.server import EngineDied, Server
+
+
+@dataclass
+class RequestRecord:
+    concurrency: int
+    repetition: int
+    prompt_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    start_s: float = 0.0                 # since the level started
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    chunk_times_s: list[float] = field(default_factory=list)   # arrival of each streamed chunk
+    chunk_tokens: list[int] = field(default_factory=list)      # tokens carried by each chunk
+    meta: dict | None = None
+    error: str | None = None
+
+    @property
+    def itl_s(self) -> list[float]:
+        t = self.chunk_times_s
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    wall_s: float
+    records: list[RequestRecord]
+    metrics_before: dict | None
+    metrics_after: dict | None
+
+
+class WorkloadRunner:
+    def __init__(self, server: Server, adapter: EngineAdapter, model: str, max_tokens: int,
+                 temperature: float, timeout_s: float, records_path: Path):
+        self.server, self.adapter, self.model = server, adapter, model
+        self.max_tokens, self.temperature, self.timeout_s = max_tokens, temperature, timeout_s
+        self.records_path = records_path
+
+    def run(self, prompts: list[Prompt], levels: list[int], repetitions: int,
+            warmup: int) -> list[LevelResult]:
+        return asyncio.run(self._run(prompts, levels, repetitions, warmup))
+
+    async def _run(self, prompts, levels, repetitions, warmup) -> list[LevelResult]:
+        limits = httpx.Limits(max_connections=max(levels) + 2)
+        async with httpx.AsyncClient(base_url=self.server.base_url, timeout=self.timeout_s,
+                                     limits=limits) as client:
+            for p in prompts[:warmup]:
+                await self._request(client, RequestRecord(0, 0, p.id, p.token_ids), time.perf_counter())
+            results = []
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn()) as progress:
+                for level in levels:
+                    results.append(await self._level(client, progress, prompts, level, repetitions))
+            return results
+
+    async def _level(self, client, progress, prompts, level, repetitions) -> LevelResult:
+        jobs = [(rep, p) for rep in range(repetitions) for p in prompts]
+        task = progress.add_task(f"concurrency {level}", total=len(jobs))
+        before = await self._scrape(client)
+        sem = asyncio.Semaphore(level)
+        records: list[RequestRecord] = []
+        t0 = time.perf_counter()
+
+        async def one(rep: int, prompt: Prompt) -> None:
+            async with sem:
+                rec = RequestRecord(level, rep, prompt.id, prompt.token_ids)
+                await self._request(client, rec, t0)
+                records.append(rec)
+                with self.records_path.open("a") as f:
+                    f.write(json.dumps(asdict(rec)) + "\n")
+                progress.advance(task)
+
+        work = asyncio.gather(*(one(rep, p) for rep, p in jobs))
+        watch = asyncio.create_task(self._watch_server())
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        wall = time.perf_counter() - t0
+        if watch in done:
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            watch.result()  # raises EngineDied
+        watch.cancel()
+        work.result()
+        after = await self._scrape(client)
+        return LevelResult(level, wall, records, before, after)
+
+    async def _watch_server(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.server.check_alive()
+
+    async def _scrape(self, client: httpx.AsyncClient) -> dict | None:
+        try:
+            resp = await client.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        return self.adapter.metrics_snapshot(resp.text if resp.status_code == 200 else None)
+
+    async def _request(self, client: httpx.AsyncClient, rec: RequestRecord, t0: float) -> None:
+        path, body = self.adapter.stream_request(rec.prompt_token_ids, self.max_tokens,
+                                                 self.temperature, self.model)
+        start = time.perf_counter()
+        rec.start_s = start - t0
+        try:
+            async with client.stream("POST", path, json=body) as resp:
+                if resp.status_code != 200:
+                    rec.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:300]}"
+                    return
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    delta = self.adapter.parse_event(json.loads(data), len(rec.output_token_ids))
+                    now = time.perf_counter() - start
+                    if delta.token_ids:
+                        if rec.ttft_s is None:
+                            rec.ttft_s = now
+                        rec.chunk_times_s.append(now)
+                        rec.chunk_tokens.append(len(delta.token_ids))
+                        rec.output_token_ids.extend(delta.token_ids)
+                        rec.text += delta.text
+                    if delta.meta is not None:
+                        rec.meta = delta.meta
+            rec.e2e_s = time.perf_counter() - start
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+            if not self.server.alive():
+                raise EngineDied(f"server died during a request: {rec.error}") from exc
+
+
+def load_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

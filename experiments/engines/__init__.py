@@ -1,0 +1,14 @@
+"""Engine adapters: the only place where SGLang and vLLM differ (flags, requests, metrics)."""
+from __future__ import annotations
+
+from experiments.engines.base import EngineAdapter
+
+
+def adapter_for(name: str) -> EngineAdapter:
+    from experiments.engines.sglang import SGLangAdapter
+    from experiments.engines.vllm import VLLMAdapter
+
+    adapters = {"vllm": VLLMAdapter, "sglang": SGLangAdapter}
+    if name not in adapters:
+        raise ValueError(f"unknown engine {name!r}; known: {sorted(adapters)}")
+    return adapters[name]()

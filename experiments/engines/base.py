@@ -1,0 +1,99 @@
+"""What every engine adapter provides: flags from config, validation by the engine's own parser,
+the streaming request it understands, and the acceptance it reports."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig
+
+
+class InvalidLaunch(RuntimeError):
+    """The engine's own parser refused the command line; the message is the engine's."""
+
+
+@dataclass
+class Validation:
+    ok: bool
+    version: str
+    error: str | None = None
+
+
+@dataclass
+class StreamDelta:
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    meta: dict | None = None     # per-request engine metadata (SGLang meta_info)
+
+
+@dataclass
+class Acceptance:
+    """Speculation as the engine reported it over a measured window."""
+    drafts: int                  # verification steps that carried a draft
+    draft_tokens: int
+    accepted_tokens: int
+    per_position: list[float]    # P(draft token i accepted), i = 0..k-1
+    accept_length: float         # tokens emitted per verification step, bonus token included
+    acceptance_rate: float       # accepted / proposed draft tokens
+    length_histogram: dict[int, float] = field(default_factory=dict)  # P(step emits n tokens)
+
+    def as_metrics(self, prefix: str = "") -> dict[str, float]:
+        out = {f"{prefix}accept_length": self.accept_length, f"{prefix}acceptance_rate": self.acceptance_rate,
+               f"{prefix}spec_drafts": self.drafts, f"{prefix}spec_draft_tokens": self.draft_tokens,
+               f"{prefix}spec_accepted_tokens": self.accepted_tokens}
+        out.update({f"{prefix}accept_pos_{i}": p for i, p in enumerate(self.per_position)})
+        return out
+
+
+def acceptance_from_positions(drafts: int, draft_tokens: int, accepted: int,
+                              per_pos_counts: list[float]) -> Acceptance | None:
+    """Counters of accepted tokens per draft position also give the accept-length distribution:
+    positions are accepted in order, so #steps accepting >= i tokens = count at position i-1."""
+    if drafts <= 0:
+        return None
+    at_least = [float(drafts), *per_pos_counts]
+    hist = {n + 1: (at_least[n] - (at_least[n + 1] if n + 1 < len(at_least) else 0.0)) / drafts
+            for n in range(len(at_least))}
+    return Acceptance(drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
+                      per_position=[c / drafts for c in per_pos_counts],
+                      accept_length=1.0 + accepted / drafts,
+                      acceptance_rate=accepted / draft_tokens if draft_tokens else 0.0,
+                      length_histogram=hist)
+
+
+class EngineAdapter(ABC):
+    name: str
+
+    @abstractmethod
+    def model_args(self, cfg: DictConfig) -> list[str]: ...
+
+    @abstractmethod
+    def spec_args(self, cfg: DictConfig) -> list[str]: ...
+
+    @abstractmethod
+    def validate(self, python: str, args: list[str]) -> Validation:
+        """Run the engine's own parser over `args`; never starts a server."""
+
+    @abstractmethod
+    def stream_request(self, prompt_ids: list[int], max_tokens: int, temperature: float,
+                       model: str) -> tuple[str, dict]:
+        """(path, JSON body) of a streaming generation request."""
+
+    @abstractmethod
+    def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta: ...
+
+    @abstractmethod
+    def top2_request(self, prompt_ids: list[int], model: str) -> tuple[str, dict]:
+        """(path, body) of a one-token request returning the two most likely next tokens."""
+
+    @abstractmethod
+    def parse_top2(self, response: dict) -> list[tuple[int, float]]: ...
+
+    def metrics_snapshot(self, metrics_text: str | None) -> dict | None:
+        """Counters to difference over a measured window (None: the engine reports per request)."""
+        return None
+
+    @abstractmethod
+    def acceptance(self, before: dict | None, after: dict | None,
+                   metas: list[dict]) -> Acceptance | None: ...

@@ -1,0 +1,69 @@
+"""Resolved config -> LaunchSpec: the exact server command line, its environment and port.
+
+The command line is validated by the engine's own parser before anything starts (see engines/).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.engines import adapter_for
+
+
+@dataclass
+class LaunchSpec:
+    engine: str
+    python: str
+    module: str
+    args: list[str]           # engine arguments without host/port
+    env: dict[str, str]
+    health_path: str
+    port: int = 0
+    host: str = "127.0.0.1"
+    model_path: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.python, "-m", self.module, *self.args, "--host", self.host, "--port", str(self.port)]
+
+    @property
+    def key(self) -> str:
+        """Identity of the server: jobs with the same key can share one running server."""
+        blob = json.dumps([self.python, self.module, self.args, sorted(self.env.items())])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "argv": self.argv, "env": self.env, "key": self.key}
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
+    """`preferred` when it is free, otherwise a port the kernel hands out as free right now."""
+    if preferred and port_is_free(preferred, host):
+        return preferred
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
+    adapter = adapter_for(cfg.engine.name)
+    site_args = list(cfg.site.engine_args.get(cfg.engine.name) or [])
+    args = [*adapter.model_args(cfg), *site_args, *adapter.spec_args(cfg), *cfg.engine.extra_args]
+    env = {**OmegaConf.to_container(cfg.engine.env), **OmegaConf.to_container(cfg.site.env)}
+    return LaunchSpec(engine=cfg.engine.name, python=cfg.engine.python, module=cfg.engine.module,
+                      args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},
+                      health_path=cfg.engine.health_path, model_path=str(cfg.model.path))

@@ -1,0 +1,146 @@
+"""One measured MLflow run: server -> workload -> records -> summary -> metrics, plots, artifacts.
+Whatever happens, the run ends with a status (FINISHED / FAILED / KILLED) and keeps what it saw."""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import mlflow
+from hydra.core.hydra_config import HydraConfig
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from experiments import plots
+from experiments.client import WorkloadRunner, load_records
+from experiments.engines import adapter_for
+from experiments.launch_spec import LaunchSpec
+from experiments.pairing import compare_greedy, speedups
+from experiments.prompts import load_prompts
+from experiments.server import POOL
+from experiments.summary import summarize
+from experiments.tracking import flatten, run_tags
+
+console = Console(stderr=True)
+
+
+def start_run(client: MlflowClient, exp_id: str, cfg: DictConfig, name: str, engine_version: str,
+              mode: str, key: str, parent_id: str | None) -> str:
+    tags = run_tags(cfg, engine_version, mode) | {"specws.pair_key": key, "mlflow.runName": name}
+    if parent_id:
+        tags["mlflow.parentRunId"] = parent_id
+    run = client.create_run(exp_id, run_name=name, tags=tags)
+    params = flatten(cfg)
+    for chunk in range(0, len(params), 100):
+        items = list(params.items())[chunk: chunk + 100]
+        client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, v) for k, v in items])
+    return run.info.run_id
+
+
+def log_common_artifacts(client: MlflowClient, run_id: str, spec: LaunchSpec) -> None:
+    client.log_dict(run_id, spec.to_dict(), "launch_spec.json")
+    try:
+        hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
+        if hydra_dir.exists():
+            client.log_artifacts(run_id, str(hydra_dir), ".hydra")
+    except ValueError:  # HydraConfig not set: called outside a Hydra job
+        pass
+
+
+def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec, out_dir: Path,
+            baseline: Run | None) -> dict[str, float]:
+    """Measure into the already created run `run_id`; raises on failure after logging what it has."""
+    adapter = adapter_for(spec.engine)
+    records_path = out_dir / f"records-{run_id}.jsonl"
+    log_path = out_dir / f"server-{spec.key}.log"
+    server = None
+    try:
+        console.print(f"[bold]{cfg.option.name}[/]: starting {spec.engine} ({' '.join(spec.args)})")
+        server, reused = POOL.acquire(spec, log_path, cfg.server.startup_timeout_s, cfg.server.port,
+                                      cfg.server.reuse, cfg.server.pool_size)
+        client.set_tag(run_id, "specws.server_reused", str(reused))
+        client.set_tag(run_id, "specws.port", str(spec.port))
+        w = cfg.workload
+        prompts = load_prompts(w.prompt_set, str(cfg.model.path), w.num_prompts)
+        runner = WorkloadRunner(server, adapter, cfg.model.name, w.max_tokens, w.temperature,
+                                w.request_timeout_s, records_path)
+        levels = runner.run(prompts, [int(c) for c in w.concurrency], w.repetitions, w.warmup_requests)
+        summary = summarize(levels, adapter)
+        metrics = dict(summary.metrics)
+        for c, m in summary.per_level.items():
+            for k in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms"):
+                if k in m:  # step = concurrency: MLflow's chart of a metric against its step
+                    client.log_metric(run_id, f"by_concurrency/{k}", m[k], step=c)
+        if summary.acceptance is not None:
+            client.log_figure(run_id, plots.acceptance_figure(summary.acceptance), "plots/acceptance.png")
+            client.log_dict(run_id, asdict(summary.acceptance), "acceptance.json")
+        base_tok_s = None
+        if baseline is not None:
+            bm = baseline.data.metrics
+            metrics.update(speedups(metrics, bm))
+            client.set_tag(run_id, "specws.baseline_run_id", baseline.info.run_id)
+            base_tok_s = {int(k.removeprefix("output_tok_s_c")): v for k, v in bm.items()
+                          if k.startswith("output_tok_s_c")}
+            if float(w.temperature) == 0.0:
+                metrics.update(_greedy_check(client, run_id, baseline, records_path, server, adapter,
+                                             cfg))
+        tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
+        client.log_figure(run_id, plots.throughput_vs_concurrency(tok_s, base_tok_s, cfg.option.name),
+                          "plots/throughput_vs_concurrency.png")
+        client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, float(v), _now_ms(), 0)
+                                          for k, v in metrics.items()])
+        client.log_dict(run_id, {"metrics": metrics, "per_level": summary.per_level}, "summary.json")
+        _report(cfg, metrics)
+        return metrics
+    finally:
+        if records_path.exists():
+            client.log_artifact(run_id, str(records_path), "records")
+        if log_path.exists():
+            client.log_artifact(run_id, str(log_path), "server")
+        elif server is not None and server.log_path.exists():
+            client.log_artifact(run_id, str(server.log_path), "server")
+
+
+def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, adapter, cfg) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = client.download_artifacts(baseline.info.run_id, "records", tmp)
+        except Exception:  # a baseline without records cannot be compared
+            return {}
+        base_records = [r for f in sorted(Path(local).glob("*.jsonl")) for r in load_records(f)]
+    import httpx
+
+    def top2(ids: list[int]) -> list[tuple[int, float]]:
+        path, body = adapter.top2_request(ids, cfg.model.name)
+        resp = httpx.post(server.base_url + path, json=body, timeout=120)
+        resp.raise_for_status()
+        return adapter.parse_top2(resp.json())
+
+    metrics, rows = compare_greedy(load_records(records_path), base_records, top2,
+                                   cfg.baseline.near_tie_margin)
+    client.log_dict(run_id, rows, "greedy_check.json")
+    return metrics
+
+
+def _now_ms() -> int:
+    import time
+    return int(time.time() * 1000)
+
+
+def _report(cfg: DictConfig, metrics: dict[str, float]) -> None:
+    keys = ["output_tok_s", "accept_length", "acceptance_rate", "speedup_vs_baseline",
+            "greedy_exact_match", "greedy_near_ties", "greedy_real_divergences", "ttft_p50_ms", "itl_p50_ms"]
+    shown = ", ".join(f"{k}={metrics[k]:.3g}" for k in keys if k in metrics)
+    console.print(f"[bold green]{cfg.option.name}[/] on {cfg.workload.name}: {shown}")
+
+
+def baseline_cfg(cfg: DictConfig) -> DictConfig:
+    """The same experiment without speculation."""
+    base = OmegaConf.to_container(cfg, resolve=False)
+    base["option"] = {"name": "baseline", "title": "no speculation", "engine": None, "missing": None}
+    base["spec"] = {**base["spec"], "method": "none"}
+    out = OmegaConf.create(base)
+    return out

@@ -1,0 +1,99 @@
+"""Baseline pairing: find (or be told to measure) the baseline an option is judged against, and check
+that greedy outputs are the baseline's, telling numerical near-ties from real divergence."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+Top2 = Callable[[list[int]], list[tuple[int, float]]]
+
+
+def pair_key(cfg: DictConfig, engine_version: str) -> str:
+    """What must match for two runs to be compared: site, model, engine + version, server flags other
+    than speculation, and the whole workload."""
+    ident = {"site": cfg.site.name, "model": cfg.model.name, "model_path": str(cfg.model.path),
+             "engine": cfg.engine.name, "engine_version": engine_version,
+             "site_args": OmegaConf.to_container(cfg.site.engine_args.get(cfg.engine.name) or []),
+             "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
+             "workload": OmegaConf.to_container(cfg.workload, resolve=True)}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def find_baseline(client: MlflowClient, experiment_id: str, key: str) -> Run | None:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=(f"tags.`specws.option` = 'baseline' AND tags.`specws.pair_key` = '{key}' "
+                       "AND tags.`specws.mode` = 'measure' AND attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def speedups(option_metrics: dict[str, float], baseline_metrics: dict[str, float]) -> dict[str, float]:
+    out = {}
+    for name, value in option_metrics.items():
+        if name.startswith("output_tok_s_c") and baseline_metrics.get(name):
+            out["speedup_vs_baseline_c" + name.removeprefix("output_tok_s_c")] = value / baseline_metrics[name]
+    if baseline_metrics.get("output_tok_s"):
+        out["speedup_vs_baseline"] = option_metrics["output_tok_s"] / baseline_metrics["output_tok_s"]
+    return out
+
+
+def _reference(records: list[dict]) -> dict[str, dict]:
+    """One baseline output per prompt: the lowest concurrency, first repetition."""
+    ref: dict[str, dict] = {}
+    for r in sorted(records, key=lambda r: (r["concurrency"], r["repetition"])):
+        if r.get("error") is None:
+            ref.setdefault(r["prompt_id"], r)
+    return ref
+
+
+def compare_greedy(option_records: list[dict], baseline_records: list[dict], top2: Top2 | None,
+                   margin: float) -> tuple[dict[str, float], list[dict]]:
+    """Token agreement of every option output with the baseline output of the same prompt. At the
+    first divergence the target's top-2 log-probabilities decide: a gap below `margin` between the
+    two tokens that were chosen is a numerical near-tie (batching/precision), otherwise a real
+    divergence (a lossy speculation bug)."""
+    ref = _reference(baseline_records)
+    rows, top2_cache = [], {}
+    for rec in option_records:
+        base = ref.get(rec["prompt_id"])
+        if rec.get("error") is not None or base is None:
+            continue
+        a, b = rec["output_token_ids"], base["output_token_ids"]
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        row = {"prompt_id": rec["prompt_id"], "concurrency": rec["concurrency"],
+               "repetition": rec["repetition"], "tokens": len(a), "baseline_tokens": len(b),
+               "agreeing_prefix": n, "first_divergence": None, "kind": "identical", "top2_gap": None}
+        if a != b:
+            row["first_divergence"] = n
+            row["kind"] = "length"  # one stopped earlier without a differing token
+            if n < min(len(a), len(b)) and top2 is not None:
+                ctx = tuple(rec["prompt_token_ids"] + b[:n])
+                if ctx not in top2_cache:
+                    top2_cache[ctx] = top2(list(ctx))
+                best = top2_cache[ctx]
+                gap = best[0][1] - best[1][1] if len(best) > 1 else float("inf")
+                pair = {a[n], b[n]} == {best[0][0], best[1][0]} if len(best) > 1 else False
+                row["top2_gap"] = gap
+                row["kind"] = "near_tie" if pair and gap < margin else "divergence"
+            elif n < min(len(a), len(b)):
+                row["kind"] = "divergence"
+        rows.append(row)
+    if not rows:
+        return {}, rows
+    metrics = {
+        "greedy_compared": float(len(rows)),
+        "greedy_exact_match": sum(r["kind"] == "identical" for r in rows) / len(rows),
+        "greedy_token_agreement": sum(r["agreeing_prefix"] / max(1, r["baseline_tokens"]) for r in rows) / len(rows),
+        "greedy_near_ties": float(sum(r["kind"] == "near_tie" for r in rows)),
+        "greedy_real_divergences": float(sum(r["kind"] == "divergence" for r in rows)),
+    }
+    firsts = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
+    if firsts:
+        metrics["greedy_first_divergence_min"] = float(min(firsts))
+    return metrics, rows

@@ -1,0 +1,25 @@
+"""Where the workspace keeps things, and the OmegaConf resolvers that let configs name those places."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT_SETS = Path(__file__).resolve().parent / "prompt_sets"
+
+
+def cache_dir() -> Path:
+    """Downloaded and generated assets (venvs, converted models): git-ignored, overridable for CI."""
+    return Path(os.environ.get("SPECWS_CACHE", ROOT / ".cache")).resolve()
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("ws.cache"):
+        OmegaConf.register_new_resolver("ws.cache", lambda rel="": str(cache_dir() / rel))
+    if not OmegaConf.has_resolver("ws.root"):
+        OmegaConf.register_new_resolver("ws.root", lambda rel="": str(ROOT / rel))
+
+
+register_resolvers()

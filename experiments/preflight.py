@@ -1,0 +1,49 @@
+"""Checks that refuse a run before anything is launched, each with a message that says what to do."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class Refused(RuntimeError):
+    """The run cannot start; the message says why and what would work instead."""
+
+
+def check_option(cfg: DictConfig) -> None:
+    if cfg.option is None:
+        raise Refused("choose an experiment with +option=X, X one of baseline, A, B, C, D, E "
+                      "(conf/option/)")
+    opt = cfg.option
+    if opt.missing:
+        raise Refused(f"option {opt.name} ({opt.title}) cannot run yet: {opt.missing}")
+    site_engines = list(cfg.site.engines)
+    if opt.engine and opt.engine not in site_engines:
+        alt = opt.get("alternative")
+        hint = f"; option {alt} runs the same drafter on {site_engines[0]}" if alt else ""
+        raise Refused(f"option {opt.name} ({opt.title}) needs {opt.engine}, which site "
+                      f"{cfg.site.name} does not have (it has {site_engines}){hint}")
+    if cfg.engine.name not in site_engines:
+        raise Refused(f"engine {cfg.engine.name} is not available on site {cfg.site.name} "
+                      f"(it has {site_engines})")
+    if cfg.spec.method == "eagle3" and not cfg.spec.draft_model:
+        raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {cfg.model.name}, and none is "
+                      f"configured (model.drafters.eagle3 is empty): train one with +option=D "
+                      f"(issue 3) or set spec.draft_model=/path/to/head")
+
+
+def check_assets(cfg: DictConfig) -> None:
+    model = Path(str(cfg.model.path))
+    if not (model / "config.json").exists():
+        how = ("run `bin/setup` (python -m experiments.setup_embedded) once" if cfg.model.embedded
+               else f"set model.path (or its environment variable) to the folder of {cfg.model.hf_id}")
+        raise Refused(f"model {cfg.model.name}: no Hugging Face folder at {model}; {how}")
+    if cfg.spec.method == "eagle3" and not (Path(str(cfg.spec.draft_model)) / "config.json").exists():
+        raise Refused(f"EAGLE-3 head not found at {cfg.spec.draft_model}")
+    python = Path(str(cfg.engine.python))
+    if python.is_absolute() and not python.exists():
+        raise Refused(f"engine {cfg.engine.name}: interpreter {python} does not exist; "
+                      + ("run `bin/setup` once" if cfg.model.embedded else "set engine.python"))
+    levels = OmegaConf.to_container(cfg.workload.concurrency)
+    if not levels or any(int(c) < 1 for c in levels):
+        raise Refused(f"workload.concurrency must be a non-empty list of positive integers, got {levels}")

@@ -1,0 +1,134 @@
+"""`python -m experiments.run +option=X [overrides]`: one measured experiment (or `-m` for a sweep).
+
+config -> launch spec (validated by the engine's parser) -> baseline pairing -> measured MLflow run.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from experiments import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.engines import adapter_for
+from experiments.engines.base import InvalidLaunch, Validation
+from experiments.launch_spec import LaunchSpec, build_launch_spec
+from experiments.measure import baseline_cfg, console, log_common_artifacts, measure, start_run
+from experiments.pairing import find_baseline, pair_key
+from experiments.preflight import Refused, check_assets, check_option
+from experiments.server import POOL
+from experiments.tracking import PARENT_ENV, setup
+
+SITE_ENV = "SPECWS_SITE"
+SITE_FILE = paths.ROOT / ".specws-site"
+_validated: dict[tuple, Validation] = {}
+
+
+def validated_spec(cfg: DictConfig) -> tuple[LaunchSpec, Validation]:
+    spec = build_launch_spec(cfg)
+    key = (spec.python, tuple(spec.args))
+    if key not in _validated:
+        _validated[key] = adapter_for(spec.engine).validate(spec.python, spec.args)
+    result = _validated[key]
+    if not result.ok:
+        raise InvalidLaunch(f"{spec.engine} {result.version} refused the command line:\n{result.error}")
+    return spec, result
+
+
+def run_measured(cfg: DictConfig, spec: LaunchSpec, version: str, key: str, baseline) -> dict:
+    from experiments.tracking import setup as _setup
+
+    client, exp_id = _setup(cfg)
+    name = cfg.run.name or f"{cfg.option.name}-{cfg.workload.name}"
+    run_id = start_run(client, exp_id, cfg, name, version, "measure", key, os.environ.get(PARENT_ENV))
+    console.print(f"MLflow run [bold]{name}[/] ({run_id}) in {cfg.tracking.experiment}")
+    log_common_artifacts(client, run_id, spec)
+    try:
+        metrics = measure(client, run_id, cfg, spec, _out_dir(), baseline)
+    except KeyboardInterrupt:
+        client.set_tag(run_id, "specws.failure", "interrupted (Ctrl-C / SIGTERM)")
+        client.set_terminated(run_id, "KILLED")
+        raise
+    except BaseException as exc:
+        client.set_tag(run_id, "specws.failure", f"{type(exc).__name__}: {exc}"[:5000])
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return {"run_id": run_id, **metrics}
+
+
+def experiment(cfg: DictConfig) -> dict:
+    check_option(cfg)
+    if not cfg.run.dry_run:  # a dry run only validates the command line (e.g. the box's, from here)
+        check_assets(cfg)
+    spec, validation = validated_spec(cfg)
+    key = pair_key(cfg, validation.version)
+    client, exp_id = setup(cfg)
+    if cfg.run.dry_run:
+        run_id = start_run(client, exp_id, cfg, cfg.run.name or f"{cfg.option.name}-plan",
+                           validation.version, "dry_run", key, os.environ.get(PARENT_ENV))
+        log_common_artifacts(client, run_id, spec)
+        client.set_terminated(run_id, "FINISHED")
+        console.print(f"validated by {spec.engine} {validation.version}: {' '.join(spec.argv)}")
+        return {"run_id": run_id}
+    baseline = None
+    if cfg.option.name != "baseline" and cfg.baseline.pair:
+        baseline = find_baseline(client, exp_id, key) if cfg.baseline.lookup else None
+        if baseline is None:
+            console.print("no matching baseline in the store: measuring one first")
+            bcfg = baseline_cfg(cfg)
+            bspec, _ = validated_spec(bcfg)
+            base_id = run_measured(bcfg, bspec, validation.version, key, None)["run_id"]
+            baseline = client.get_run(base_id)
+        else:
+            console.print(f"paired with baseline run {baseline.info.run_id}")
+    return run_measured(cfg, spec, validation.version, key, baseline)
+
+
+def _out_dir() -> Path:
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return paths.cache_dir() / "runs"
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> dict | None:
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        return experiment(cfg)
+    except (Refused, InvalidLaunch) as exc:
+        console.print(f"[bold red]refused:[/] {exc}")
+        if multirun:
+            raise
+        sys.exit(2)
+    finally:
+        if not multirun:
+            POOL.close_all()
+
+
+def _select_site(argv: list[str]) -> list[str]:
+    """The box user picks the site once (SPECWS_SITE or a git-ignored .specws-site file)."""
+    if any(a.split("=", 1)[0].lstrip("+~") == "site" for a in argv):
+        return argv
+    site = os.environ.get(SITE_ENV) or (SITE_FILE.read_text().strip() if SITE_FILE.exists() else "")
+    if not site:
+        return argv
+    # Hydra's overrides are one positional group: join it rather than start a second one.
+    at = next((i for i, a in enumerate(argv) if "=" in a and not a.startswith("-")), len(argv))
+    return [*argv[:at], f"site={site}", *argv[at:]]
+
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *_select_site(sys.argv[1:])]
+    main()

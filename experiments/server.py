@@ -1,0 +1,161 @@
+"""The engine server as a process group on 127.0.0.1: log to a file, health awaited, always torn down."""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import httpx
+import psutil
+
+from experiments.launch_spec import LaunchSpec, free_port
+
+PORT_IN_USE = ("address already in use", "errno 98")
+
+
+class EngineStartError(RuntimeError):
+    """The server exited or never became healthy; carries the tail of its log."""
+
+
+class EngineDied(RuntimeError):
+    """The server process ended while the workload was running."""
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no server log)"
+
+
+class Server:
+    def __init__(self, spec: LaunchSpec, log_path: Path):
+        self.spec = spec
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
+
+    def start(self, timeout_s: float, preferred_port: int | None = None, attempts: int = 3) -> None:
+        """Start and wait for health; a port lost to another process between choice and bind is
+        replaced by a fresh free port."""
+        for attempt in range(attempts):
+            self.spec.port = free_port(preferred_port if attempt == 0 else None, self.spec.host)
+            try:
+                self._start_once(timeout_s)
+                return
+            except EngineStartError as exc:
+                if attempt + 1 < attempts and any(s in str(exc).lower() for s in PORT_IN_USE):
+                    continue
+                raise
+
+    def _start_once(self, timeout_s: float) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"$ {' '.join(self.spec.argv)}\n".encode())
+        log.flush()
+        env = {**os.environ, **self.spec.env}
+        self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)  # own process group: killed as a whole
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    code = self.proc.returncode
+                    self.stop()
+                    raise EngineStartError(f"{self.spec.engine} server exited with code {code} before "
+                                           f"becoming healthy. Server log ({self.log_path}) ends with:\n"
+                                           f"{log_tail(self.log_path)}")
+                try:
+                    if client.get(self.base_url + self.spec.health_path).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1.0)
+        self.stop()
+        raise EngineStartError(f"{self.spec.engine} server not healthy after {timeout_s:.0f} s. "
+                               f"Server log ({self.log_path}) ends with:\n{log_tail(self.log_path)}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise EngineDied(f"{self.spec.engine} server died (exit code {self.proc.returncode}). "
+                             f"Server log ends with:\n{log_tail(self.log_path)}")
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after `grace_s`."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        procs = _group_members(pgid)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+            _, alive = psutil.wait_procs(procs, timeout=grace_s if sig == signal.SIGTERM else 2.0)
+            if not alive:
+                break
+            procs = alive
+        try:
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+class ServerPool:
+    """Running servers keyed by launch-spec identity, so multirun jobs with the same arguments share
+    one server. Least recently used servers are stopped beyond `capacity`."""
+
+    def __init__(self) -> None:
+        self._servers: OrderedDict[str, Server] = OrderedDict()
+        atexit.register(self.close_all)
+
+    def acquire(self, spec: LaunchSpec, log_path: Path, timeout_s: float, preferred_port: int | None,
+                reuse: bool = True, capacity: int = 2) -> tuple[Server, bool]:
+        """A healthy server for `spec` and whether it was reused."""
+        server = self._servers.get(spec.key) if reuse else None
+        if server is not None and server.alive():
+            self._servers.move_to_end(spec.key)
+            spec.port = server.spec.port
+            return server, True
+        self.release(spec.key)
+        while len(self._servers) >= max(1, capacity):
+            self.release(next(iter(self._servers)))
+        server = Server(spec, log_path)
+        server.start(timeout_s, preferred_port)
+        self._servers[spec.key] = server
+        return server, False
+
+    def release(self, key: str) -> None:
+        server = self._servers.pop(key, None)
+        if server is not None:
+            server.stop()
+
+    def close_all(self) -> None:
+        for key in list(self._servers):
+            self.release(key)
+
+
+POOL = ServerPool()

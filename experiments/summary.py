@@ -1,0 +1,70 @@
+"""Per-request records + engine acceptance -> summary metrics (names as logged to MLflow)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from experiments.client import LevelResult
+from experiments.engines.base import Acceptance, EngineAdapter
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class Summary:
+    metrics: dict[str, float] = field(default_factory=dict)
+    per_level: dict[int, dict[str, float]] = field(default_factory=dict)
+    acceptance: Acceptance | None = None
+    acceptance_per_level: dict[int, Acceptance] = field(default_factory=dict)
+    errors: int = 0
+
+
+def _pct(prefix: str, values_s: list[float]) -> dict[str, float]:
+    if not values_s:
+        return {}
+    ms = np.asarray(values_s) * 1000.0
+    out = {f"{prefix}_p{p}_ms": float(np.percentile(ms, p)) for p in PERCENTILES}
+    out[f"{prefix}_mean_ms"] = float(ms.mean())
+    return out
+
+
+def level_metrics(level: LevelResult) -> dict[str, float]:
+    ok = [r for r in level.records if r.error is None and r.e2e_s is not None]
+    out_tokens = sum(len(r.output_token_ids) for r in ok)
+    m = {"requests": float(len(ok)), "errors": float(len(level.records) - len(ok)),
+         "output_tokens": float(out_tokens), "wall_s": level.wall_s,
+         "output_tok_s": out_tokens / level.wall_s if level.wall_s > 0 else 0.0,
+         "request_s": len(ok) / level.wall_s if level.wall_s > 0 else 0.0}
+    m.update(_pct("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]))
+    m.update(_pct("itl", [x for r in ok for x in r.itl_s]))
+    m.update(_pct("tpot", [(r.e2e_s - r.ttft_s) / (len(r.output_token_ids) - 1)
+                           for r in ok if r.ttft_s is not None and len(r.output_token_ids) > 1]))
+    m.update(_pct("e2e", [r.e2e_s for r in ok]))
+    m["tokens_per_chunk"] = out_tokens / max(1, sum(len(r.chunk_tokens) for r in ok))
+    return m
+
+
+def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
+    s = Summary()
+    for level in levels:
+        s.per_level[level.concurrency] = level_metrics(level)
+        s.errors += int(s.per_level[level.concurrency]["errors"])
+        metas = [r.meta for r in level.records if r.meta]
+        acc = adapter.acceptance(level.metrics_before, level.metrics_after, metas)
+        if acc is not None:
+            s.acceptance_per_level[level.concurrency] = acc
+    first, last = levels[0], levels[-1]
+    all_metas = [r.meta for lv in levels for r in lv.records if r.meta]
+    s.acceptance = adapter.acceptance(first.metrics_before, last.metrics_after, all_metas)
+    for c, m in s.per_level.items():
+        s.metrics.update({f"{k}_c{c}": v for k, v in m.items()})
+    single = s.per_level[min(s.per_level)]
+    s.metrics.update({k: v for k, v in single.items() if k in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms",
+                                                                "tpot_p50_ms", "e2e_p50_ms")})
+    if s.acceptance is not None:
+        s.metrics.update(s.acceptance.as_metrics())
+        for c, acc in s.acceptance_per_level.items():
+            s.metrics[f"accept_length_c{c}"] = acc.accept_length
+    s.metrics["errors"] = float(s.errors)
+    return s

@@ -1,0 +1,81 @@
+"""MLflow store setup, run tags and the flattened config."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.paths import ROOT
+
+PARENT_ENV = "SPECWS_PARENT_RUN_ID"
+
+
+def setup(cfg: DictConfig) -> tuple[MlflowClient, str]:
+    """Point MLflow at the configured store; the experiment is created with its artifact folder."""
+    mlflow.set_tracking_uri(cfg.tracking.uri)
+    client = MlflowClient()
+    name = cfg.tracking.experiment
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return client, exp.experiment_id
+    location = None
+    if cfg.tracking.artifact_root:
+        root = Path(cfg.tracking.artifact_root)
+        root.mkdir(parents=True, exist_ok=True)
+        location = (root / name.replace("/", "_")).as_uri()
+    try:
+        return client, client.create_experiment(name, artifact_location=location)
+    except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel job
+        return client, client.get_experiment_by_name(name).experiment_id
+
+
+def flatten(cfg: DictConfig) -> dict[str, str]:
+    out: dict[str, str] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out[prefix] = str(node)[:6000]
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return out
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
+    return {
+        "specws.option": cfg.option.name, "specws.site": cfg.site.name, "specws.model": cfg.model.name,
+        "specws.engine": cfg.engine.name, "specws.engine_version": engine_version,
+        "specws.workload": cfg.workload.name, "specws.mode": mode,
+        "specws.spec_method": cfg.spec.method, "git.commit": git_commit(),
+        "host.platform": platform.platform(), "host.cpu_count": str(os.cpu_count()),
+        "host.accelerator": cfg.site.accelerator,
+        "versions.mlflow": _version("mlflow"), "versions.hydra": _version("hydra-core"),
+        "versions.torch": _version("torch"), "versions.sglang": _version("sglang"),
+        "sglang_patches.applied": ",".join(cfg.site.patches) or "none",
+    }
