@@ -34,7 +34,7 @@ class RequestRecord:
     @property
     def itl_s(self) -> list[float]:
         t = self.chunk_times_s
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
 
 
 @dataclass

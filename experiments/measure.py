@@ -2,7 +2,6 @@
 Whatever happens, the run ends with a status (FINISHED / FAILED / KILLED) and keeps what it saw."""
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import asdict
 from pathlib import Path

@@ -65,7 +65,7 @@ def compare_greedy(option_records: list[dict], baseline_records: list[dict], top
         if rec.get("error") is not None or base is None:
             continue
         a, b = rec["output_token_ids"], base["output_token_ids"]
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         row = {"prompt_id": rec["prompt_id"], "concurrency": rec["concurrency"],
                "repetition": rec["repetition"], "tokens": len(a), "baseline_tokens": len(b),
                "agreeing_prefix": n, "first_divergence": None, "kind": "identical", "top2_gap": None}

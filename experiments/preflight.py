@@ -5,6 +5,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from sglang_patches import UnknownPatch, resolve
+
 
 class Refused(RuntimeError):
     """The run cannot start; the message says why and what would work instead."""
@@ -26,6 +28,10 @@ def check_option(cfg: DictConfig) -> None:
     if cfg.engine.name not in site_engines:
         raise Refused(f"engine {cfg.engine.name} is not available on site {cfg.site.name} "
                       f"(it has {site_engines})")
+    try:
+        resolve(list(cfg.site.patches))
+    except UnknownPatch as exc:
+        raise Refused(str(exc)) from None
     if cfg.spec.method == "eagle3" and not cfg.spec.draft_model:
         raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {cfg.model.name}, and none is "
                       f"configured (model.drafters.eagle3 is empty): train one with +option=D "

@@ -4,6 +4,7 @@ config -> launch spec (validated by the engine's parser) -> baseline pairing -> 
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -104,6 +105,7 @@ def _raise_interrupt(signum, frame):
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         return experiment(cfg)

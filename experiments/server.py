@@ -64,12 +64,18 @@ class Server:
         self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)  # own process group: killed as a whole
         log.close()
+        try:
+            self._await_health(timeout_s)
+        except BaseException:  # Ctrl-C / SIGTERM while starting: leave nothing behind
+            self.stop()
+            raise
+
+    def _await_health(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     code = self.proc.returncode
-                    self.stop()
                     raise EngineStartError(f"{self.spec.engine} server exited with code {code} before "
                                            f"becoming healthy. Server log ({self.log_path}) ends with:\n"
                                            f"{log_tail(self.log_path)}")
@@ -79,7 +85,6 @@ class Server:
                 except httpx.HTTPError:
                     pass
                 time.sleep(1.0)
-        self.stop()
         raise EngineStartError(f"{self.spec.engine} server not healthy after {timeout_s:.0f} s. "
                                f"Server log ({self.log_path}) ends with:\n{log_tail(self.log_path)}")
 

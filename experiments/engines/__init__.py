@@ -5,8 +5,8 @@ from experiments.engines.base import EngineAdapter
 
 
 def adapter_for(name: str) -> EngineAdapter:
-    from experiments.engines.sglang import SGLangAdapter
-    from experiments.engines.vllm import VLLMAdapter
+    from experiments.engines.sglang_engine import SGLangAdapter
+    from experiments.engines.vllm_engine import VLLMAdapter
 
     adapters = {"vllm": VLLMAdapter, "sglang": SGLangAdapter}
     if name not in adapters:

