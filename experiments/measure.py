@@ -112,13 +112,13 @@ def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, ada
         base_records = [r for f in sorted(Path(local).glob("*.jsonl")) for r in load_records(f)]
     import httpx
 
-    def top2(ids: list[int]) -> list[tuple[int, float]]:
-        path, body = adapter.top2_request(ids, cfg.model.name)
+    def topk(ids: list[int]) -> list[tuple[int, float]]:
+        path, body = adapter.topk_request(ids, cfg.model.name)
         resp = httpx.post(server.base_url + path, json=body, timeout=120)
         resp.raise_for_status()
-        return adapter.parse_top2(resp.json())
+        return adapter.parse_topk(resp.json())
 
-    metrics, rows = compare_greedy(load_records(records_path), base_records, top2,
+    metrics, rows = compare_greedy(load_records(records_path), base_records, topk,
                                    cfg.baseline.near_tie_margin)
     client.log_dict(run_id, rows, "greedy_check.json")
     return metrics

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-Top2 = Callable[[list[int]], list[tuple[int, float]]]
+TopK = Callable[[list[int]], list[tuple[int, float]]]
 
 
 def pair_key(cfg: DictConfig, engine_version: str) -> str:
@@ -52,14 +53,14 @@ def _reference(records: list[dict]) -> dict[str, dict]:
     return ref
 
 
-def compare_greedy(option_records: list[dict], baseline_records: list[dict], top2: Top2 | None,
+def compare_greedy(option_records: list[dict], baseline_records: list[dict], topk: TopK | None,
                    margin: float) -> tuple[dict[str, float], list[dict]]:
     """Token agreement of every option output with the baseline output of the same prompt. At the
-    first divergence the target's top-2 log-probabilities decide: a gap below `margin` between the
-    two tokens that were chosen is a numerical near-tie (batching/precision), otherwise a real
-    divergence (a lossy speculation bug)."""
+    first divergence the target's top-k log-probabilities decide: when both chosen tokens are within
+    `margin` of the most likely one it is a numerical near-tie (batching/precision; bf16 often ties
+    three ways), otherwise a real divergence (a lossy speculation bug)."""
     ref = _reference(baseline_records)
-    rows, top2_cache = [], {}
+    rows, cache = [], {}
     for rec in option_records:
         base = ref.get(rec["prompt_id"])
         if rec.get("error") is not None or base is None:
@@ -68,19 +69,20 @@ def compare_greedy(option_records: list[dict], baseline_records: list[dict], top
         n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         row = {"prompt_id": rec["prompt_id"], "concurrency": rec["concurrency"],
                "repetition": rec["repetition"], "tokens": len(a), "baseline_tokens": len(b),
-               "agreeing_prefix": n, "first_divergence": None, "kind": "identical", "top2_gap": None}
+               "agreeing_prefix": n, "first_divergence": None, "kind": "identical", "tie_gap": None}
         if a != b:
             row["first_divergence"] = n
             row["kind"] = "length"  # one stopped earlier without a differing token
-            if n < min(len(a), len(b)) and top2 is not None:
+            if n < min(len(a), len(b)) and topk is not None:
                 ctx = tuple(rec["prompt_token_ids"] + b[:n])
-                if ctx not in top2_cache:
-                    top2_cache[ctx] = top2(list(ctx))
-                best = top2_cache[ctx]
-                gap = best[0][1] - best[1][1] if len(best) > 1 else float("inf")
-                pair = {a[n], b[n]} == {best[0][0], best[1][0]} if len(best) > 1 else False
-                row["top2_gap"] = gap
-                row["kind"] = "near_tie" if pair and gap < margin else "divergence"
+                if ctx not in cache:
+                    cache[ctx] = dict(topk(list(ctx)))
+                logprobs = cache[ctx]
+                best = max(logprobs.values())
+                # a chosen token missing from the top-k is infinitely far from a tie
+                gap = max(best - logprobs.get(a[n], -math.inf), best - logprobs.get(b[n], -math.inf))
+                row["tie_gap"] = gap
+                row["kind"] = "near_tie" if gap <= margin else "divergence"
             elif n < min(len(a), len(b)):
                 row["kind"] = "divergence"
         rows.append(row)

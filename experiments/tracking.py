@@ -1,9 +1,11 @@
 """MLflow store setup, run tags and the flattened config."""
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import subprocess
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -16,23 +18,42 @@ from experiments.paths import ROOT
 PARENT_ENV = "SPECWS_PARENT_RUN_ID"
 
 
+@contextmanager
+def _store_lock(uri: str):
+    """Serialise first use of a SQLite store: MLflow creates its schema on first contact, and two
+    processes doing that at once fail with 'table ... already exists'."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def setup(cfg: DictConfig) -> tuple[MlflowClient, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder."""
     mlflow.set_tracking_uri(cfg.tracking.uri)
-    client = MlflowClient()
+    with _store_lock(cfg.tracking.uri):
+        client = MlflowClient()
+        return client, _experiment_id(client, cfg)
+
+
+def _experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
     name = cfg.tracking.experiment
     exp = client.get_experiment_by_name(name)
     if exp is not None:
-        return client, exp.experiment_id
+        return exp.experiment_id
     location = None
     if cfg.tracking.artifact_root:
         root = Path(cfg.tracking.artifact_root)
         root.mkdir(parents=True, exist_ok=True)
         location = (root / name.replace("/", "_")).as_uri()
-    try:
-        return client, client.create_experiment(name, artifact_location=location)
-    except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel job
-        return client, client.get_experiment_by_name(name).experiment_id
+    return client.create_experiment(name, artifact_location=location)
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:

@@ -28,7 +28,7 @@ def store(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def embedded_ready() -> None:
     """The embedded default must exist: CI's setup step creates it, so a missing one is a failure."""
     missing = [p for p in (VLLM_PYTHON, SMOLLM2 / "config.json") if not p.exists()]

@@ -72,13 +72,13 @@ def test_greedy_check_tells_near_tie_from_divergence() -> None:
               rec("short", [5, 6, 2])]
     asked = []
 
-    def top2(ids: list[int]) -> list[tuple[int, float]]:
+    def topk(ids: list[int]) -> list[tuple[int, float]]:
         asked.append(ids)
-        if ids == [1, 2, 5, 6]:   # 7 vs 9 almost tied
-            return [(7, -0.70), (9, -0.72)]
+        if ids == [1, 2, 5, 6]:   # three-way bf16 tie: 4, 7 and 9 within a step of each other
+            return [(4, -1.05), (9, -1.10), (7, -1.10), (8, -4.0)]
         return [(6, -0.01), (3, -5.0)]  # 6 clearly best: 3 was a real divergence
 
-    metrics, rows = compare_greedy(option, baseline, top2, margin=0.1)
+    metrics, rows = compare_greedy(option, baseline, topk, margin=0.1)
     kinds = {r["prompt_id"]: r["kind"] for r in rows}
     assert kinds == {"same": "identical", "tie": "near_tie", "bug": "divergence", "short": "length"}
     assert metrics["greedy_exact_match"] == pytest.approx(0.25)
@@ -90,4 +90,6 @@ def test_greedy_check_tells_near_tie_from_divergence() -> None:
 def test_a_wide_gap_is_never_a_near_tie() -> None:
     metrics, rows = compare_greedy([rec("p", [9])], [rec("p", [7])],
                                    lambda ids: [(7, -0.1), (9, -3.0)], margin=0.1)
-    assert rows[0]["kind"] == "divergence" and rows[0]["top2_gap"] == pytest.approx(2.9)
+    assert rows[0]["kind"] == "divergence" and rows[0]["tie_gap"] == pytest.approx(2.9)
+    _, rows = compare_greedy([rec("p", [9])], [rec("p", [7])], lambda ids: [(7, -0.1), (5, -0.1)], margin=0.1)
+    assert rows[0]["kind"] == "divergence" and rows[0]["tie_gap"] == float("inf")  # 9 not even in the top-k

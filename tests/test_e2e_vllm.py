@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 
 
 def store_args(tmp: Path) -> list[str]:
-    return [f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"tracking.artifact_root={tmp / 'artifacts'}"]
+    """A temporary store, and eager mode: these tests check behaviour, not speed (starts in ~35 s)."""
+    return [f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"tracking.artifact_root={tmp / 'artifacts'}",
+            'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]']
 
 
 def runs_of(tmp: Path) -> list:

@@ -38,9 +38,15 @@ def test_sglang_refuses_unknown_flag_with_its_own_message() -> None:
 
 
 def test_sglang_refuses_bad_choice_with_its_own_message() -> None:
-    result = SGLangAdapter().validate(sys.executable, ["--model-path", "x", "--speculative-algorithm", "LOOKAHEAD"])
+    argv = ["--model-path", "x", "--speculative-algorithm", "LOOKAHEAD"]
+    result = SGLangAdapter().validate(sys.executable, argv)
     assert not result.ok
-    assert "invalid choice: 'LOOKAHEAD'" in result.error
+    assert "Unknown speculative algorithm name: LOOKAHEAD" in result.error
+
+
+def test_sglang_refuses_unknown_attention_backend() -> None:
+    result = SGLangAdapter().validate(sys.executable, ["--model-path", "x", "--attention-backend", "fa9"])
+    assert not result.ok and "invalid choice: 'fa9'" in result.error
 
 
 def test_vllm_accepts_option_a(embedded_ready) -> None:

@@ -26,7 +26,7 @@ def test_parallel_multiruns_share_one_store(store: str, tmp_path, embedded_ready
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("specws.sweep") == "parent"]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    assert len(parents) == 2 and len(children) == 4
+    assert len(parents) == 2 and len(children) == 4, [(r.info.run_name, r.data.tags) for r in runs]
     assert all(r.info.status == "FINISHED" for r in runs)
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {p.info.run_id for p in parents}
     assert sorted(c.data.params["spec.num_draft_tokens"] for c in children) == ["2", "3", "4", "5"]

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+TOPK = 5  # log-probabilities asked for at a greedy divergence (bf16 often ties three ways)
+
 
 class InvalidLaunch(RuntimeError):
     """The engine's own parser refused the command line; the message is the engine's."""
@@ -84,11 +86,11 @@ class EngineAdapter(ABC):
     def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta: ...
 
     @abstractmethod
-    def top2_request(self, prompt_ids: list[int], model: str) -> tuple[str, dict]:
-        """(path, body) of a one-token request returning the two most likely next tokens."""
+    def topk_request(self, prompt_ids: list[int], model: str) -> tuple[str, dict]:
+        """(path, body) of a one-token request returning the most likely next tokens (TOPK of them)."""
 
     @abstractmethod
-    def parse_top2(self, response: dict) -> list[tuple[int, float]]: ...
+    def parse_topk(self, response: dict) -> list[tuple[int, float]]: ...
 
     def metrics_snapshot(self, metrics_text: str | None) -> dict | None:
         """Counters to difference over a measured window (None: the engine reports per request)."""

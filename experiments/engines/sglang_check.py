@@ -1,5 +1,5 @@
 """Validate an SGLang server command line with SGLang's own parser (ServerArgs.add_cli_args, then
-from_cli_args whose __post_init__ checks flag combinations). Runs in the interpreter that serves.
+from_cli_args, then SGLang's speculative-algorithm enum). Runs in the interpreter that serves.
 
 Usage: <python> sglang_check.py <server args>. Prints one JSON line {"ok", "version", "error"}.
 Standalone on purpose: it imports only SGLang.
@@ -30,7 +30,12 @@ def check(argv: list[str]) -> dict:
         result["error"] = err.getvalue().strip().splitlines()[-1]
         return result
     try:
-        ServerArgs.from_cli_args(ns)
+        args = ServerArgs.from_cli_args(ns)
+        # resolve_once() would finish the checks but reaches for the model hub; the algorithm name is
+        # checked by SGLang's own enum, as the server does at start.
+        if args.speculative_algorithm:
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+            SpeculativeAlgorithm.from_string(args.speculative_algorithm)
     except Exception as exc:  # the engine's own message is the point
         result["error"] = f"{type(exc).__name__}: {exc}"
         return result

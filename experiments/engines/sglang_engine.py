@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from experiments.engines.base import Acceptance, EngineAdapter, StreamDelta, Validation
+from experiments.engines.base import TOPK, Acceptance, EngineAdapter, StreamDelta, Validation
 
 CHECK_SCRIPT = Path(__file__).with_name("sglang_check.py")
 
@@ -70,11 +70,11 @@ class SGLangAdapter(EngineAdapter):
         return StreamDelta(token_ids=new, text=event.get("text", "") if finished else "", finished=finished,
                            meta=meta if finished else None)
 
-    def top2_request(self, prompt_ids, model):
-        return "/generate", {"input_ids": prompt_ids, "return_logprob": True, "top_logprobs_num": 2,
+    def topk_request(self, prompt_ids, model):
+        return "/generate", {"input_ids": prompt_ids, "return_logprob": True, "top_logprobs_num": TOPK,
                              "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
 
-    def parse_top2(self, response: dict) -> list[tuple[int, float]]:
+    def parse_topk(self, response: dict) -> list[tuple[int, float]]:
         top = response["meta_info"]["output_top_logprobs"][0]
         return sorted(((int(tid), lp) for lp, tid, *_ in top), key=lambda p: -p[1])
 

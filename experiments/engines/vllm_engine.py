@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.engines.base import Acceptance, EngineAdapter, StreamDelta, Validation, acceptance_from_positions
+from experiments.engines.base import TOPK, Acceptance, EngineAdapter, StreamDelta, Validation, acceptance_from_positions
 
 CHECK_SCRIPT = Path(__file__).with_name("vllm_check.py")
 SPEC_COUNTERS = {
@@ -64,11 +64,11 @@ class VLLMAdapter(EngineAdapter):
         return StreamDelta(token_ids=list(choice.get("token_ids") or []), text=choice.get("text") or "",
                            finished=choice.get("finish_reason") is not None)
 
-    def top2_request(self, prompt_ids, model):
+    def topk_request(self, prompt_ids, model):
         return "/v1/completions", {"model": model, "prompt": prompt_ids, "max_tokens": 1,
-                                   "temperature": 0.0, "logprobs": 2, "return_tokens_as_token_ids": True}
+                                   "temperature": 0.0, "logprobs": TOPK, "return_tokens_as_token_ids": True}
 
-    def parse_top2(self, response: dict) -> list[tuple[int, float]]:
+    def parse_topk(self, response: dict) -> list[tuple[int, float]]:
         top = response["choices"][0]["logprobs"]["top_logprobs"][0]
         pairs = [(int(tok.split(":", 1)[1]), lp) for tok, lp in top.items()]
         return sorted(pairs, key=lambda p: -p[1])
