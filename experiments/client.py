@@ -97,6 +97,8 @@ class WorkloadRunner:
             watch.result()  # raises EngineDied
         watch.cancel()
         work.result()
+        if any(r.error for r in records):  # failed requests may be the first sign of a dying server
+            self.server.check_alive(wait_s=2.0)
         after = await self._scrape(client)
         return LevelResult(level, wall, records, before, after)
 

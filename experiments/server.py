@@ -91,7 +91,13 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def check_alive(self) -> None:
+    def check_alive(self, wait_s: float = 0.0) -> None:
+        """Raise EngineDied if the server has exited (waiting up to `wait_s` for it to finish dying)."""
+        if self.proc is not None and wait_s > 0:
+            try:
+                self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc is not None and self.proc.poll() is not None:
             raise EngineDied(f"{self.spec.engine} server died (exit code {self.proc.returncode}). "
                              f"Server log ends with:\n{log_tail(self.log_path)}")

@@ -127,6 +127,14 @@ def test_engine_that_cannot_start_fails_run_with_log_tail(tmp_path, embedded_rea
     assert vllm_servers() == []
 
 
+def _server_child(pid: int) -> psutil.Process | None:
+    """The engine server among the runner's children (the parser check is a child too, briefly)."""
+    for child in psutil.Process(pid).children():
+        if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+            return child
+    return None
+
+
 def _start(tmp: Path, *overrides: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "experiments.run", *overrides, *store_args(tmp), f"hydra.run.dir={tmp / 'run'}"]
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -148,8 +156,7 @@ def test_engine_death_mid_run_keeps_records_and_fails_run(tmp_path, embedded_rea
                   "workload.max_tokens=96")
     records = lambda: [f for f in (tmp_path / "run").glob("records-*.jsonl") if f.read_text().strip()]  # noqa: E731
     _wait_for(records, 900, "the first request record")
-    server = psutil.Process(proc.pid).children()[0]
-    os.killpg(server.pid, signal.SIGKILL)
+    os.killpg(_server_child(proc.pid).pid, signal.SIGKILL)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0
     assert "server died" in output
@@ -163,7 +170,7 @@ def test_engine_death_mid_run_keeps_records_and_fails_run(tmp_path, embedded_rea
 
 def test_ctrl_c_tears_down_within_10s_and_marks_run_killed(tmp_path, embedded_ready) -> None:
     proc = _start(tmp_path, "+option=baseline", "workload=smoke")
-    server = _wait_for(lambda: psutil.Process(proc.pid).children(), 300, "the server process")[0]
+    server = _wait_for(lambda: _server_child(proc.pid), 300, "the server process")
     time.sleep(5)  # well into the engine's start-up
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
