@@ -11,17 +11,20 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.prompts import prompt_set_path
+
 TopK = Callable[[list[int]], list[tuple[int, float]]]
 
 
 def pair_key(cfg: DictConfig, engine_version: str) -> str:
     """What must match for two runs to be compared: site, model, engine + version, server flags other
-    than speculation, and the whole workload."""
+    than speculation, and the whole workload including the prompt set's content."""
     ident = {"site": cfg.site.name, "model": cfg.model.name, "model_path": str(cfg.model.path),
              "engine": cfg.engine.name, "engine_version": engine_version,
              "site_args": OmegaConf.to_container(cfg.site.engine_args.get(cfg.engine.name) or []),
              "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
-             "workload": OmegaConf.to_container(cfg.workload, resolve=True)}
+             "workload": OmegaConf.to_container(cfg.workload, resolve=True),
+             "prompts_sha": hashlib.sha256(prompt_set_path(cfg.workload.prompt_set).read_bytes()).hexdigest()}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
