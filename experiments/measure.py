@@ -3,9 +3,11 @@ Whatever happens, the run ends with a status (FINISHED / FAILED / KILLED) and ke
 from __future__ import annotations
 
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
+import httpx
 import mlflow
 from hydra.core.hydra_config import HydraConfig
 from mlflow.entities import Run
@@ -110,8 +112,6 @@ def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, ada
         except Exception:  # a baseline without records cannot be compared
             return {}
         base_records = [r for f in sorted(Path(local).glob("*.jsonl")) for r in load_records(f)]
-    import httpx
-
     def topk(ids: list[int]) -> list[tuple[int, float]]:
         path, body = adapter.topk_request(ids, cfg.model.name)
         resp = httpx.post(server.base_url + path, json=body, timeout=120)
@@ -125,7 +125,6 @@ def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, ada
 
 
 def _now_ms() -> int:
-    import time
     return int(time.time() * 1000)
 
 
@@ -141,5 +140,4 @@ def baseline_cfg(cfg: DictConfig) -> DictConfig:
     base = OmegaConf.to_container(cfg, resolve=False)
     base["option"] = {"name": "baseline", "title": "no speculation", "engine": None, "missing": None}
     base["spec"] = {**base["spec"], "method": "none"}
-    out = OmegaConf.create(base)
-    return out
+    return OmegaConf.create(base)

@@ -42,9 +42,7 @@ def validated_spec(cfg: DictConfig) -> tuple[LaunchSpec, Validation]:
 
 
 def run_measured(cfg: DictConfig, spec: LaunchSpec, version: str, key: str, baseline) -> dict:
-    from experiments.tracking import setup as _setup
-
-    client, exp_id = _setup(cfg)
+    client, exp_id = setup(cfg)
     name = cfg.run.name or f"{cfg.option.name}-{cfg.workload.name}"
     run_id = start_run(client, exp_id, cfg, name, version, "measure", key, os.environ.get(PARENT_ENV))
     console.print(f"MLflow run [bold]{name}[/] ({run_id}) in {cfg.tracking.experiment}")

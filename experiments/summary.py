@@ -54,6 +54,11 @@ def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
         acc = adapter.acceptance(level.metrics_before, level.metrics_after, metas)
         if acc is not None:
             s.acceptance_per_level[level.concurrency] = acc
+            # every streamed chunk is one engine step of its request; vLLM counts only steps that
+            # carried a draft, so its accept length says nothing about steps where n-gram found no match
+            chunks = sum(len(r.chunk_tokens) for r in level.records if r.error is None)
+            if chunks:
+                s.per_level[level.concurrency]["steps_with_draft"] = min(1.0, acc.drafts / chunks)
     first, last = levels[0], levels[-1]
     all_metas = [r.meta for lv in levels for r in lv.records if r.meta]
     s.acceptance = adapter.acceptance(first.metrics_before, last.metrics_after, all_metas)

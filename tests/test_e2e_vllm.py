@@ -164,8 +164,9 @@ def test_engine_death_mid_run_keeps_records_and_fails_run(tmp_path, embedded_rea
     assert run.info.status == "FAILED" and "EngineDied" in run.data.tags["specws.failure"]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     local = client.download_artifacts(run.info.run_id, "records", str(tmp_path / "dl"))
-    kept = [line for f in Path(local).glob("*.jsonl") for line in open(f)]
-    assert 1 <= len(kept) < 8
+    kept = [json.loads(line) for f in Path(local).glob("*.jsonl") for line in open(f)]
+    assert 1 <= len([r for r in kept if r["error"] is None and r["output_token_ids"]])
+    assert len(kept) < 8, "requests after the death must not be fired (and recorded as errors)"
 
 
 def test_ctrl_c_tears_down_within_10s_and_marks_run_killed(tmp_path, embedded_ready) -> None:
