@@ -31,6 +31,7 @@ console = Console(stderr=True)
 def start_run(client: MlflowClient, exp_id: str, cfg: DictConfig, name: str, engine_version: str,
               mode: str, key: str, parent_id: str | None) -> str:
     tags = run_tags(cfg, engine_version, mode) | {"specws.pair_key": key, "mlflow.runName": name}
+    tags |= {k: str(v) for k, v in (cfg.run.get("tags") or {}).items()}
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     run = client.create_run(exp_id, run_name=name, tags=tags)

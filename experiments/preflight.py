@@ -45,7 +45,8 @@ def check_assets(cfg: DictConfig) -> None:
                else f"set model.path (or its environment variable) to the folder of {cfg.model.hf_id}")
         raise Refused(f"model {cfg.model.name}: no Hugging Face folder at {model}; {how}")
     if cfg.spec.method == "eagle3" and not (Path(str(cfg.spec.draft_model)) / "config.json").exists():
-        raise Refused(f"EAGLE-3 head not found at {cfg.spec.draft_model}")
+        raise Refused(f"EAGLE-3 head not found at {cfg.spec.draft_model}: train one with +option=D "
+                      f"(it is saved there) or set spec.draft_model=/path/to/head")
     python = Path(str(cfg.engine.python))
     if python.is_absolute() and not python.exists():
         raise Refused(f"engine {cfg.engine.name}: interpreter {python} does not exist; "

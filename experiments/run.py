@@ -24,6 +24,7 @@ from experiments.pairing import find_baseline, pair_key
 from experiments.preflight import Refused, check_assets, check_option
 from experiments.server import POOL
 from experiments.tracking import PARENT_ENV, setup
+from experiments.train_option import train_and_evaluate
 
 SITE_ENV = "SPECWS_SITE"
 SITE_FILE = paths.ROOT / ".specws-site"
@@ -63,6 +64,8 @@ def run_measured(cfg: DictConfig, spec: LaunchSpec, version: str, key: str, base
 
 def experiment(cfg: DictConfig) -> dict:
     check_option(cfg)
+    if cfg.option.name == "D" and not cfg.run.dry_run:
+        return train_and_evaluate(cfg, experiment)
     if not cfg.run.dry_run:  # a dry run only validates the command line (e.g. the box's, from here)
         check_assets(cfg)
     spec, validation = validated_spec(cfg)

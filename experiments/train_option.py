@@ -1,0 +1,67 @@
+"""Option D: train an EAGLE-3 head for the target (a tracked MLflow run), then evaluate it through the
+ordinary runner as option C, linked to the training run."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.measure import console
+from experiments.preflight import Refused
+from experiments.tracking import PARENT_ENV, flatten, run_tags, setup
+
+
+def train_and_evaluate(cfg: DictConfig, evaluate: Callable[[DictConfig], dict]) -> dict:
+    if not cfg.model.embedded:
+        raise Refused(f"option D for {cfg.model.name} trains with SGLang's SpecForge on the box; composing "
+                      "that command is not built yet (issue 3, item 3). Nothing was launched.")
+    client, exp_id = setup(cfg)
+    tags = run_tags(cfg, "n/a", "train") | {"mlflow.runName": "D-train"}
+    if os.environ.get(PARENT_ENV):
+        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+    run_id = client.create_run(exp_id, run_name="D-train", tags=tags).info.run_id
+    for k, v in flatten(cfg).items():
+        if k.startswith(("train.", "model.", "site.name", "option.")):
+            client.log_param(run_id, k, v)
+    console.print(f"MLflow run [bold]D-train[/] ({run_id}): training an EAGLE-3 head for {cfg.model.name}")
+    try:
+        metrics = _train(cfg, client, run_id)
+    except BaseException as exc:
+        client.set_tag(run_id, "specws.failure", f"{type(exc).__name__}: {exc}"[:5000])
+        client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    eval_cfg = _as_evaluation(cfg, run_id)
+    result = evaluate(eval_cfg)
+    client.set_tag(run_id, "specws.evaluation_run_id", result.get("run_id", ""))
+    return {"training_run_id": run_id, "training": metrics, **result}
+
+
+def _train(cfg: DictConfig, client: MlflowClient, run_id: str) -> dict:
+    from experiments.eagle3.train import train_head
+
+    t = cfg.train
+    out = Path(str(t.out_dir))
+    metrics = train_head(out, seed=t.seed, steps=t.steps, ttt_steps=t.ttt_steps, time_budget_s=t.minutes * 60,
+                         draft_vocab_size=t.draft_vocab_size, learning_rate=t.learning_rate,
+                         num_prompts=t.num_prompts, max_new_tokens=t.max_new_tokens, model_path=str(cfg.model.path),
+                         log=lambda name, value, step: client.log_metric(run_id, name, float(value), step=step))
+    scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    for k, v in scalars.items():
+        client.log_metric(run_id, f"final/{k}", v)
+    client.log_artifacts(run_id, str(out), "head")
+    return metrics
+
+
+def _as_evaluation(cfg: DictConfig, training_run_id: str) -> DictConfig:
+    """The same experiment as option C (or B) with the freshly trained head."""
+    evaluation = OmegaConf.to_container(cfg, resolve=True)
+    target = cfg.option.get("evaluate_as", "C")
+    evaluation["option"] = {"name": target, "title": f"EAGLE-3 head from option D ({training_run_id[:8]})",
+                            "engine": "vllm" if target == "C" else "sglang", "missing": None,
+                            "alternative": None}
+    evaluation["run"]["tags"] = {**evaluation["run"].get("tags", {}), "specws.training_run_id": training_run_id}
+    return OmegaConf.create(evaluation)
