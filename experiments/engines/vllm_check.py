@@ -1,12 +1,13 @@
 """Validate a vLLM server command line with vLLM's own parser; runs inside vLLM's environment.
 
 Usage: <vllm python> vllm_check.py [--engine-config] -- <server args>. Prints one JSON line:
-{"ok": bool, "version": str, "error": str | null}. Standalone on purpose: it imports only vLLM.
+{"ok": bool, "version": str, "error": str | null}. Imports only vLLM and parse_check (its sibling).
 """
 import contextlib
-import io
 import json
 import sys
+
+from parse_check import parse_and_check
 
 
 def check(argv: list[str], engine_config: bool) -> dict:
@@ -14,25 +15,14 @@ def check(argv: list[str], engine_config: bool) -> dict:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    result = {"ok": False, "version": vllm.__version__, "error": None}
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm.entrypoints.openai.api_server"))
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
-            args = parser.parse_args(argv)
-    except SystemExit:
-        result["error"] = stderr.getvalue().strip().splitlines()[-1]
-        return result
-    try:
+    def then(args) -> None:
         validate_parsed_serve_args(args)
         if engine_config:  # deeper: speculative config, model config (reads the local model folder)
             from vllm.engine.arg_utils import AsyncEngineArgs
             AsyncEngineArgs.from_cli_args(args).create_engine_config()
-    except Exception as exc:  # the engine's own message is the point
-        result["error"] = f"{type(exc).__name__}: {exc}"
-        return result
-    result["ok"] = True
-    return result
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm.entrypoints.openai.api_server"))
+    return parse_and_check(parser, argv, then, vllm.__version__)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,27 @@
+"""Run an engine's own argparse parser and its follow-up checks, turning every refusal into the engine's
+message. Imported by vllm_check.py / sglang_check.py, which run inside the engines' interpreters, so it
+depends on the standard library only."""
+import argparse
+import contextlib
+import io
+from collections.abc import Callable
+
+
+def parse_and_check(parser: argparse.ArgumentParser, argv: list[str],
+                    then: Callable[[argparse.Namespace], None], version: str) -> dict:
+    """{"ok", "version", "error"}: `error` is argparse's last line or the check's exception."""
+    result = {"ok": False, "version": version, "error": None}
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(argv)
+    except SystemExit:
+        result["error"] = err.getvalue().strip().splitlines()[-1]
+        return result
+    try:
+        then(ns)
+    except Exception as exc:  # the engine's own message is the point
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        return result
+    result["ok"] = True
+    return result
