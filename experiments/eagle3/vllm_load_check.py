@@ -1,0 +1,102 @@
+"""Load an exported EAGLE-3 head with vLLM's own code, inside vLLM's environment (CPU is enough).
+
+Usage: <vllm python> vllm_load_check.py TARGET_DIR HEAD_DIR. Prints one JSON line: {"ok", "version",
+"error", "architecture", "aux_layer_ids", "draft_vocab_size", "loaded", "mismatched"}. Steps: vLLM's engine
+config with `--speculative-config {"method": "eagle3", "model": HEAD_DIR, ...}` (parses the head's
+config.json with vLLM's config classes), a one-process gloo "distributed" group, then the steps of the
+proposer's `get_model(draft config)` — the draft load config, `create_model` (Eagle3LlamaForCausalLM) and
+the loader's `load_weights`, which refuses parameters the checkpoint leaves unset — a comparison of every
+checkpoint tensor with the parameter it landed in (q/k/v and gate/up stacked, d2t → draft_id_to_target_id),
+and vLLM-CPU's weight post-processing. Standalone on purpose: it imports only vLLM, torch and safetensors.
+"""
+import contextlib
+import json
+import socket
+import sys
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check(target: str, head: str) -> dict:
+    import torch
+    import vllm
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+
+    result = {"ok": False, "version": vllm.__version__, "error": None}
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    args = EngineArgs(model=target, speculative_config=spec, dtype="bfloat16", max_model_len=2048,
+                      enforce_eager=True)
+    vc = args.create_engine_config()
+    draft_cfg = vc.speculative_config.draft_model_config
+    hf = draft_cfg.hf_config
+    result["architecture"] = draft_cfg.architectures
+    result["aux_layer_ids"] = (getattr(hf, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    result["draft_vocab_size"] = getattr(hf, "draft_vocab_size", None)
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.model_executor.model_loader.utils import get_draft_load_config, process_weights_after_loading
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
+
+    _set_torch_accelerator_to_noop()            # what vLLM's CPU model runner does before loading
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+        initialize_model_parallel(1, 1)
+        # the steps of the proposer's get_model(), with the comparison before the CPU weight repacking
+        loader = get_model_loader(get_draft_load_config(vc))
+        with set_default_torch_dtype(draft_cfg.dtype), torch.device("cpu"):
+            model = loader.create_model(vllm_config=vc, model_config=draft_cfg)
+        loader.load_weights(model, draft_cfg)   # raises on parameters the checkpoint did not initialise
+    result["model_class"] = type(model).__name__
+    params = dict(model.named_parameters())
+    ckpt = load_file(f"{head}/model.safetensors")
+    stacks = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
+              ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
+    groups: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    loaded, mismatched = {}, []
+    for name, t in ckpt.items():
+        if name == "t2d":
+            loaded[name] = "skipped by vLLM (as designed)"
+            continue
+        pname = "draft_id_to_target_id" if name == "d2t" else (name if name.startswith("lm_head") else
+                                                                "model." + name.replace("midlayer.", "layers.0."))
+        for old, (new, idx) in stacks.items():
+            if old in pname:
+                pname = pname.replace(old, new)
+                groups.setdefault(pname, []).append((idx, t))
+                break
+        else:
+            groups.setdefault(pname, []).append((0, t))
+        loaded[name] = pname
+    for pname, parts in groups.items():
+        if pname not in params:
+            mismatched.append(f"{pname}: no such parameter")
+            continue
+        want = torch.cat([t for _, t in sorted(parts, key=lambda x: x[0])], 0)
+        got = params[pname].detach()
+        if got.shape != want.shape or not torch.equal(got.to(want.dtype), want):
+            mismatched.append(f"{pname}: {tuple(got.shape)} vs checkpoint {tuple(want.shape)}")
+    unused = sorted(set(params) - set(groups) - {"model.embed_tokens.weight"})
+    mismatched += [f"{p}: not in the checkpoint" for p in unused]
+    with set_current_vllm_config(vc):
+        process_weights_after_loading(model, draft_cfg, torch.device("cpu"))
+    result.update(loaded=loaded, mismatched=mismatched, ok=not mismatched)
+    return result
+
+
+if __name__ == "__main__":
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            out = check(sys.argv[1], sys.argv[2])
+        except Exception as exc:  # the engine's own message is the point
+            import traceback
+            traceback.print_exc()
+            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(out))
