@@ -70,8 +70,18 @@ class EngineAdapter(ABC):
     @abstractmethod
     def model_args(self, cfg: DictConfig) -> list[str]: ...
 
+    def spec_args(self, cfg: DictConfig) -> list[str]:
+        """Flags for `cfg.spec.method`: none, ngram or eagle3."""
+        builders = {"none": lambda spec: [], "ngram": self.ngram_args, "eagle3": self.eagle3_args}
+        if cfg.spec.method not in builders:
+            raise ValueError(f"{self.name}: unknown speculative method {cfg.spec.method!r}; known: {sorted(builders)}")
+        return builders[cfg.spec.method](cfg.spec)
+
     @abstractmethod
-    def spec_args(self, cfg: DictConfig) -> list[str]: ...
+    def ngram_args(self, spec: DictConfig) -> list[str]: ...
+
+    @abstractmethod
+    def eagle3_args(self, spec: DictConfig) -> list[str]: ...
 
     @abstractmethod
     def validate(self, python: str, args: list[str]) -> Validation:

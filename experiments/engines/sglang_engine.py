@@ -22,24 +22,20 @@ class SGLangAdapter(EngineAdapter):
                 "--context-length", str(cfg.model.max_model_len), "--enable-metrics"]
         return args + (["--trust-remote-code"] if cfg.model.trust_remote_code else [])
 
-    def spec_args(self, cfg: DictConfig) -> list[str]:
-        spec = cfg.spec
-        if spec.method == "none":
-            return []
-        if spec.method == "ngram":
-            ng = spec.ngram
-            return ["--speculative-algorithm", "NGRAM",
-                    "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
-                    "--speculative-ngram-min-bfs-breadth", str(ng.min_bfs_breadth),
-                    "--speculative-ngram-max-bfs-breadth", str(ng.max_bfs_breadth),
-                    "--speculative-ngram-max-trie-depth", str(ng.max_trie_depth)]
-        if spec.method == "eagle3":
-            return ["--speculative-algorithm", "EAGLE3",
-                    "--speculative-draft-model-path", str(spec.draft_model),
-                    "--speculative-num-steps", str(spec.num_steps),
-                    "--speculative-eagle-topk", str(spec.topk),
-                    "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
-        raise ValueError(f"SGLang adapter: unknown speculative method {spec.method!r}")
+    def ngram_args(self, spec: DictConfig) -> list[str]:
+        ng = spec.ngram
+        return ["--speculative-algorithm", "NGRAM",
+                "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
+                "--speculative-ngram-min-bfs-breadth", str(ng.min_bfs_breadth),
+                "--speculative-ngram-max-bfs-breadth", str(ng.max_bfs_breadth),
+                "--speculative-ngram-max-trie-depth", str(ng.max_trie_depth)]
+
+    def eagle3_args(self, spec: DictConfig) -> list[str]:
+        return ["--speculative-algorithm", "EAGLE3",
+                "--speculative-draft-model-path", str(spec.draft_model),
+                "--speculative-num-steps", str(spec.num_steps),
+                "--speculative-eagle-topk", str(spec.topk),
+                "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
 
     def validate(self, python: str, args: list[str]) -> Validation:
         """SGLang's own ServerArgs parser + post-init checks, in the interpreter that will serve."""

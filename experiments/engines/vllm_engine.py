@@ -27,18 +27,13 @@ class VLLMAdapter(EngineAdapter):
         args = ["--model", str(cfg.model.path), "--served-model-name", cfg.model.name]
         return args + (["--trust-remote-code"] if cfg.model.trust_remote_code else [])
 
-    def spec_args(self, cfg: DictConfig) -> list[str]:
-        spec = cfg.spec
-        if spec.method == "none":
-            return []
-        if spec.method == "ngram":
-            conf = {"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens,
-                    "prompt_lookup_min": spec.ngram.min_match, "prompt_lookup_max": spec.ngram.max_match}
-        elif spec.method == "eagle3":
-            conf = {"method": "eagle3", "model": str(spec.draft_model),
-                    "num_speculative_tokens": spec.num_steps}
-        else:
-            raise ValueError(f"vLLM adapter: unknown speculative method {spec.method!r}")
+    def ngram_args(self, spec: DictConfig) -> list[str]:
+        conf = {"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens,
+                "prompt_lookup_min": spec.ngram.min_match, "prompt_lookup_max": spec.ngram.max_match}
+        return ["--speculative-config", json.dumps(conf)]
+
+    def eagle3_args(self, spec: DictConfig) -> list[str]:
+        conf = {"method": "eagle3", "model": str(spec.draft_model), "num_speculative_tokens": spec.num_steps}
         return ["--speculative-config", json.dumps(conf)]
 
     def validate(self, python: str, args: list[str]) -> Validation:
