@@ -1,6 +1,7 @@
 """Checks that refuse a run before anything is launched, each with a message that says what to do."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -44,9 +45,12 @@ def check_assets(cfg: DictConfig) -> None:
         how = ("run `bin/setup` (python -m experiments.setup_embedded) once" if cfg.model.embedded
                else f"set model.path (or its environment variable) to the folder of {cfg.model.hf_id}")
         raise Refused(f"model {cfg.model.name}: no Hugging Face folder at {model}; {how}")
-    if cfg.spec.method == "eagle3" and not (Path(str(cfg.spec.draft_model)) / "config.json").exists():
-        raise Refused(f"EAGLE-3 head not found at {cfg.spec.draft_model}: train one with +option=D "
-                      f"(it is saved there) or set spec.draft_model=/path/to/head")
+    if cfg.spec.method == "eagle3":
+        head = Path(str(cfg.spec.draft_model))
+        if not (head / "config.json").exists():
+            raise Refused(f"EAGLE-3 head not found at {head}: train one with +option=D "
+                          f"(it is saved there) or set spec.draft_model=/path/to/head")
+        check_head_fits(head, model)
     python = Path(str(cfg.engine.python))
     if python.is_absolute() and not python.exists():
         raise Refused(f"engine {cfg.engine.name}: interpreter {python} does not exist; "
@@ -54,3 +58,22 @@ def check_assets(cfg: DictConfig) -> None:
     levels = OmegaConf.to_container(cfg.workload.concurrency)
     if not levels or any(int(c) < 1 for c in levels):
         raise Refused(f"workload.concurrency must be a non-empty list of positive integers, got {levels}")
+
+
+def check_head_fits(head: Path, model: Path) -> None:
+    """An EAGLE-3 head must match its target: hidden size, vocabulary, aux layers inside its depth."""
+    h = json.loads((head / "config.json").read_text())
+    t = json.loads((model / "config.json").read_text())
+    t = t.get("text_config", t)
+    problems = []
+    if h.get("target_hidden_size", h.get("hidden_size")) != t["hidden_size"]:
+        problems.append(f"hidden size {h.get('target_hidden_size', h.get('hidden_size'))} vs the target's "
+                        f"{t['hidden_size']}")
+    if h.get("vocab_size") != t["vocab_size"]:
+        problems.append(f"vocabulary {h.get('vocab_size')} vs the target's {t['vocab_size']}")
+    ids = (h.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
+    beyond = [i for i in ids if not 0 <= int(i) < t["num_hidden_layers"]]
+    if beyond:
+        problems.append(f"aux layer ids {beyond} beyond the target's {t['num_hidden_layers']} layers")
+    if problems:
+        raise Refused(f"EAGLE-3 head {head} does not fit target {model}: " + "; ".join(problems))

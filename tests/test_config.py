@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from conftest import compose_cfg, run_workspace
 
-from experiments.preflight import Refused, check_assets, check_option
+from experiments.preflight import Refused, check_assets, check_head_fits, check_option
 from experiments.run import _select_site
 
 OPTIONS = ["baseline", "A", "B", "C", "D", "E"]
@@ -82,3 +82,25 @@ def test_site_is_selected_once_by_environment_or_file(monkeypatch: pytest.Monkey
     assert _select_site(["+option=A"]) == ["+option=A"]
     (tmp_path / ".specws-site").write_text("h200\n")
     assert _select_site(["+option=A"]) == ["site=h200", "+option=A"]
+
+
+@pytest.mark.parametrize("change, words", [({"hidden_size": 1024, "target_hidden_size": 1024}, "hidden size 1024"),
+                                           ({"vocab_size": 163840}, "vocabulary 163840"),
+                                           ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 30]}},
+                                            r"aux layer ids \[30\] beyond the target's 30 layers")])
+def test_head_that_does_not_fit_the_target_is_refused(tmp_path, change: dict, words: str) -> None:
+    import json
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 576, "vocab_size": 49152,
+                                                    "num_hidden_layers": 30}))
+    head = tmp_path / "head"
+    head.mkdir()
+    good = {"hidden_size": 576, "vocab_size": 49152, "draft_vocab_size": 4096,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}}
+    (head / "config.json").write_text(json.dumps(good))
+    check_head_fits(head, target)  # fits
+    (head / "config.json").write_text(json.dumps(good | change))
+    with pytest.raises(Refused, match=words):
+        check_head_fits(head, target)
