@@ -23,7 +23,7 @@ from experiments.pairing import compare_greedy, speedups
 from experiments.prompts import load_prompts
 from experiments.server import POOL
 from experiments.summary import summarize
-from experiments.tracking import flatten, run_tags
+from experiments.tracking import flatten, log_params, run_tags
 
 console = Console(stderr=True)
 
@@ -35,10 +35,7 @@ def start_run(client: MlflowClient, exp_id: str, cfg: DictConfig, name: str, eng
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     run = client.create_run(exp_id, run_name=name, tags=tags)
-    params = flatten(cfg)
-    for chunk in range(0, len(params), 100):
-        items = list(params.items())[chunk: chunk + 100]
-        client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, v) for k, v in items])
+    log_params(client, run.info.run_id, flatten(cfg))
     return run.info.run_id
 
 

@@ -70,6 +70,13 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
     return out
 
 
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    """Params in batches of 100 (MLflow's limit per call)."""
+    items = list(params.items())
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in items[start: start + 100]])
+
+
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)

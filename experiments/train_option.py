@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.measure import console
 from experiments.preflight import Refused
-from experiments.tracking import PARENT_ENV, flatten, run_tags, setup
+from experiments.tracking import PARENT_ENV, flatten, log_params, run_tags, setup
 
 
 def train_and_evaluate(cfg: DictConfig, evaluate: Callable[[DictConfig], dict]) -> dict:
@@ -23,9 +23,8 @@ def train_and_evaluate(cfg: DictConfig, evaluate: Callable[[DictConfig], dict]) 
     if os.environ.get(PARENT_ENV):
         tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
     run_id = client.create_run(exp_id, run_name="D-train", tags=tags).info.run_id
-    for k, v in flatten(cfg).items():
-        if k.startswith(("train.", "model.", "site.name", "option.")):
-            client.log_param(run_id, k, v)
+    log_params(client, run_id, {k: v for k, v in flatten(cfg).items()
+                                if k.startswith(("train.", "model.", "site.name", "option."))})
     console.print(f"MLflow run [bold]D-train[/] ({run_id}): training an EAGLE-3 head for {cfg.model.name}")
     try:
         metrics = _train(cfg, client, run_id)
