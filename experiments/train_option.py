@@ -10,14 +10,13 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.measure import console
-from experiments.preflight import Refused
 from experiments.tracking import PARENT_ENV, flatten, log_params, run_tags, setup
 
 
 def train_and_evaluate(cfg: DictConfig, evaluate: Callable[[DictConfig], dict]) -> dict:
-    if not cfg.model.embedded:
-        raise Refused(f"option D for {cfg.model.name} trains with SGLang's SpecForge on the box; composing "
-                      "that command is not built yet (issue 3, item 3). Nothing was launched.")
+    if not cfg.model.embedded:  # SpecForge trains it on the box; here its checked plan becomes a D-plan run
+        from experiments.specforge import plan
+        return plan(cfg)
     client, exp_id = setup(cfg)
     tags = run_tags(cfg, "n/a", "train") | {"mlflow.runName": "D-train"}
     if os.environ.get(PARENT_ENV):

@@ -37,7 +37,10 @@ class VLLMAdapter(EngineAdapter):
         return ["--speculative-config", json.dumps(conf)]
 
     def validate(self, python: str, args: list[str]) -> Validation:
-        proc = subprocess.run([python, str(CHECK_SCRIPT), "--engine-config", "--", *args],
+        """vLLM's serve parser; plus create_engine_config() when the model folder is here to read
+        (a box command line checked elsewhere, e.g. Kimi-K2.5 in CI, gets the parser only)."""
+        deep = ["--engine-config"] if model_config_present(args) else []
+        proc = subprocess.run([python, str(CHECK_SCRIPT), *deep, "--", *args],
                               capture_output=True, text=True, timeout=300)
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
@@ -96,3 +99,10 @@ class VLLMAdapter(EngineAdapter):
         per_pos = [after["per_pos"][p] - before["per_pos"].get(p, 0.0) for p in positions]
         return acceptance_from_positions(int(delta("drafts")), int(delta("draft_tokens")),
                                          int(delta("accepted")), per_pos)
+
+
+def model_config_present(args: list[str]) -> bool:
+    """Whether the --model folder has the config.json that vLLM's engine config reads."""
+    if "--model" not in args:
+        return False
+    return (Path(args[args.index("--model") + 1]) / "config.json").exists()
