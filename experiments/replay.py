@@ -103,75 +103,98 @@ class ReplayStats:
 
 
 class NgramIndex:
-    """The workload's tokens (prompt + output per request, concatenated) and, per n-gram length L,
-    the id of the L-gram starting at every position and the earliest position of each id."""
+    """The workload's tokens (prompt + output per request, concatenated) and, per n-gram length L, the
+    earliest start of the L-gram that starts at every position. Queries (contexts a step can start from)
+    are the output positions only: from the second output token to the last."""
 
     def __init__(self, sequences: list[ReplaySequence], max_len: int):
         lengths = np.array([len(s.prompt_ids) + len(s.output_ids) for s in sequences], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         self.ends = self.starts + lengths
         self.prompt_lens = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int64)
-        self.tokens = np.fromiter((t for s in sequences for t in (*s.prompt_ids, *s.output_ids)),
-                                  dtype=np.int64, count=int(lengths.sum()))
-        self.request = np.repeat(np.arange(len(sequences), dtype=np.int64), lengths)
-        self.req_start = self.starts[self.request]
-        self.req_end = self.ends[self.request]
-        self.ids: list[np.ndarray] = []     # ids[L-1][j]: id of tokens[j:j+L]
-        self.first: list[np.ndarray] = []   # first[L-1][id]: earliest j with that id
+        self.tokens = np.concatenate([np.asarray(part, dtype=np.int64) for s in sequences
+                                      for part in (s.prompt_ids, s.output_ids)] or [np.zeros(0, np.int64)])
+        request = np.repeat(np.arange(len(sequences), dtype=np.int64), lengths)
+        # query positions n: the context is tokens[start:n]; the first output token comes from prefill
+        first_query = self.starts + self.prompt_lens + 1
+        counts = np.maximum(self.ends - first_query, 0)
+        self.block_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        self.block_ends = self.block_starts + counts
+        self.query_request = np.repeat(np.arange(len(sequences), dtype=np.int64), counts)
+        self.query = first_query[self.query_request] + (np.arange(int(counts.sum()), dtype=np.int64)
+                                                        - self.block_starts[self.query_request])
+        self.query_start = self.starts[self.query_request]
+        self.query_end = self.ends[self.query_request]
+        self._request = request
+        self.earliest: list[np.ndarray] = []   # earliest[L-1][j]: first start of the L-gram tokens[j:j+L]
+        self._codes: np.ndarray | None = None
         self.extend(max_len)
 
     def extend(self, max_len: int) -> None:
         n = len(self.tokens)
-        if not self.ids and n:
-            vocab = int(self.tokens.max()) + 1
-            uniq, first, inv = np.unique(self.request * vocab + self.tokens, return_index=True,
-                                         return_inverse=True)
-            self.ids.append(inv.astype(np.int64))
-            self.first.append(first.astype(np.int64))
-            self._unigram_count = len(uniq)
-        while len(self.ids) < max_len and n:
-            prev, unigram = self.ids[-1], self.ids[0]
-            length = len(self.ids) + 1
-            # windows running past the array end get a key no real window has
-            tail = np.concatenate([unigram[length - 1:], np.full(length - 1, self._unigram_count)])
-            _, first, inv = np.unique(prev * (self._unigram_count + 1) + tail, return_index=True,
-                                      return_inverse=True)
-            self.ids.append(inv.astype(np.int64))
-            self.first.append(first.astype(np.int64))
+        while len(self.earliest) < max_len and n:
+            if self._codes is None:   # the request index in the key keeps matches inside one request
+                key = self._request * (int(self.tokens.max()) + 1) + self.tokens
+            else:
+                length = len(self.earliest) + 1
+                # windows running past the array end get a key no real window has
+                pad = np.full(min(length - 1, n), self._unigram_count)
+                tail = np.concatenate([self._unigrams[length - 1:], pad])
+                key = self._codes * (self._unigram_count + 1) + tail
+            codes, earliest = _dense_ids(key)
+            if self._codes is None:
+                self._unigrams, self._unigram_count = codes, int(codes.max()) + 1
+            self._codes = codes
+            self.earliest.append(earliest)
 
     def proposals(self, cfg: NgramConfig, max_model_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """(draft start, draft length) for a context ending before every position n (length 0: none)."""
+        """(draft start, draft length) at every query position (length 0: no draft)."""
         self.extend(cfg.max_match)
-        n = np.arange(len(self.tokens), dtype=np.int64)
+        n = self.query
         best = np.zeros(len(n), dtype=np.int64)
         start = np.zeros(len(n), dtype=np.int64)
         for length in range(1, cfg.max_match + 1):
-            j = n - length
-            inside = j >= self.req_start
-            jj = np.where(inside, j, 0)
-            earliest = self.first[length - 1][self.ids[length - 1][jj]]
-            found = inside & (earliest < jj)   # an occurrence before the suffix itself
-            best = np.where(found, length, best)
-            start = np.where(found, earliest + length, start)
-        context = n - self.req_start
-        room = np.minimum(n - start, max_model_len - context)
+            j = n - length                     # queries start after the prompt, so j >= request start
+            earliest = self.earliest[length - 1][j]
+            found = earliest < j               # an occurrence before the suffix itself
+            best[found] = length
+            start[found] = earliest[found] + length
+        room = np.minimum(n - start, max_model_len - (n - self.query_start))
         draft_len = np.where(best >= cfg.min_match, np.clip(np.minimum(cfg.k, room), 0, None), 0)
         return start, draft_len
 
     def accepted(self, start: np.ndarray, draft_len: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Accepted draft tokens at every position (recorded tokens only) and the upper bound that also
+        """Accepted draft tokens at every query (recorded tokens only) and the upper bound that also
         accepts draft tokens past the recorded end when everything before them matched."""
-        n = np.arange(len(self.tokens), dtype=np.int64)
-        left = self.req_end - n
+        n = self.query
+        left = self.query_end - n
         ok = np.ones(len(n), dtype=bool)
         acc = np.zeros(len(n), dtype=np.int64)
         last = len(self.tokens) - 1
         for i in range(k):
             ok &= (i < draft_len) & (i < left)
+            if not ok.any():
+                break
             ok &= self.tokens[np.minimum(start + i, last)] == self.tokens[np.minimum(n + i, last)]
             acc += ok
         upper = np.where((acc == np.minimum(left, draft_len)) & (draft_len > left), draft_len, acc)
         return acc, upper
+
+
+def _dense_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dense id of every key, earliest index holding the same key); an unstable sort plus a per-group
+    minimum is several times faster than np.unique's stable sort here."""
+    order = np.argsort(key)
+    ordered = key[order]
+    new = np.empty(len(key), dtype=bool)
+    new[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    group_starts = np.flatnonzero(new)
+    first = np.minimum.reduceat(order, group_starts)
+    gid_sorted = np.cumsum(new) - 1
+    codes = np.empty_like(order)
+    codes[order] = gid_sorted
+    return codes, first[codes]
 
 
 def replay_config(index: NgramIndex, cfg: NgramConfig, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
@@ -179,24 +202,36 @@ def replay_config(index: NgramIndex, cfg: NgramConfig, max_model_len: int = DEFA
     """Per-request counters for one configuration."""
     start, draft_len = index.proposals(cfg, max_model_len)
     acc, upper = index.accepted(start, draft_len, cfg.k)
-    jump = np.where(draft_len > 0, acc + 1, 1).tolist()
+    jump_arr = np.where(draft_len > 0, acc + 1, 1)
+    jump = jump_arr.tolist()
+    visited: list[int] = []
+    append = visited.append
+    for b, e in zip(index.block_starts.tolist(), index.block_ends.tolist(), strict=True):
+        while b < e:
+            append(b)
+            b += jump[b]
+    v = np.asarray(visited, dtype=np.int64)
+    req = index.query_request[v]
+    n_req = len(index.starts)
+    drafted = draft_len[v] > 0
+    a = np.where(drafted, acc[v], 0)
+
+    def per_request(weights) -> list[int]:
+        return np.bincount(req, weights=weights, minlength=n_req).astype(np.int64).tolist()
+
+    steps, drafts = per_request(None), per_request(drafted)
+    draft_tokens, accepted = per_request(draft_len[v]), per_request(a)
+    accepted_upper = per_request(np.where(drafted, upper[v], 0))
+    per_pos = [per_request(a > i) for i in range(cfg.k)]
+    outputs = (index.ends - index.starts - index.prompt_lens).tolist()
     out = []
-    for r in range(len(index.starts)):
-        pos, end = int(index.starts[r] + index.prompt_lens[r]) + 1, int(index.ends[r])
-        visited = []
-        while pos < end:
-            visited.append(pos)
-            pos += jump[pos]
-        v = np.asarray(visited, dtype=np.int64)
-        drafted = v[draft_len[v] > 0]
-        a = acc[drafted]
-        stats = ReplayStats(steps=len(v), drafts=len(drafted), draft_tokens=int(draft_len[drafted].sum()),
-                            accepted=int(a.sum()), accepted_upper=int(upper[drafted].sum()),
-                            output_tokens=end - int(index.starts[r] + index.prompt_lens[r]),
-                            decode_tokens=max(0, end - int(index.starts[r] + index.prompt_lens[r]) - 1),
-                            per_pos=np.bincount(a, minlength=cfg.k + 1)[::-1].cumsum()[::-1][1:].tolist())
-        if keep_emitted and stats.output_tokens:
-            stats.emitted = [1, *np.minimum(np.asarray(jump)[v], end - v).tolist()]
+    for r in range(n_req):
+        stats = ReplayStats(steps=steps[r], drafts=drafts[r], draft_tokens=draft_tokens[r], accepted=accepted[r],
+                            accepted_upper=accepted_upper[r], output_tokens=outputs[r],
+                            decode_tokens=max(0, outputs[r] - 1), per_pos=[p[r] for p in per_pos])
+        if keep_emitted and outputs[r]:
+            mine = v[req == r]
+            stats.emitted = [1, *np.minimum(jump_arr[mine], index.query_end[mine] - index.query[mine]).tolist()]
         out.append(stats)
     return out
 
@@ -445,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = parse_grid(args.grid)
         source = load_source(args.source, client)
     except ReplayInputError as exc:
-        console.print(f"[bold red]replay refused:[/] {exc}")
+        console.print(f"[bold red]replay refused:[/] {exc}", soft_wrap=True)
         return 2
     served = engine_config(source.run) if source.run is not None else None
     max_model_len = args.max_model_len or (served[1] if served else DEFAULT_MAX_MODEL_LEN)
