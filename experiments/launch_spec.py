@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 from dataclasses import dataclass, field
 
@@ -64,6 +65,10 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     site_args = list(cfg.site.engine_args.get(cfg.engine.name) or [])
     args = [*adapter.model_args(cfg), *site_args, *adapter.spec_args(cfg), *cfg.engine.extra_args]
     env = {**OmegaConf.to_container(cfg.engine.env), **OmegaConf.to_container(cfg.site.env)}
+    if cfg.engine.module == "sglang_patches.launch":   # the patch launcher in front of SGLang's entry point
+        from sglang_patches.launch import launcher_env
+        env |= launcher_env(list(cfg.site.patches), cfg.site.name,
+                            str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")))
     return LaunchSpec(engine=cfg.engine.name, python=cfg.engine.python, module=cfg.engine.module,
                       args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},
                       health_path=cfg.engine.health_path, model_path=str(cfg.model.path))

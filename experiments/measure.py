@@ -95,12 +95,24 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
         _report(cfg, metrics)
         return metrics
     finally:
+        _log_patches(client, run_id, spec, log_path if log_path.exists() else server.log_path if server else None)
         if records_path.exists():
             client.log_artifact(run_id, str(records_path), "records")
         if log_path.exists():
             client.log_artifact(run_id, str(log_path), "server")
         elif server is not None and server.log_path.exists():
             client.log_artifact(run_id, str(server.log_path), "server")
+
+
+def _log_patches(client, run_id: str, spec: LaunchSpec, log_path: Path | None) -> None:
+    """What the SGLang patch launcher applied, in which process, and its kernel self-check, read from the
+    server log: the `sglang_patches.applied` tag (name@sglang-version) and `sglang_patches.json`."""
+    if spec.module != "sglang_patches.launch" or log_path is None or not log_path.exists():
+        return
+    from sglang_patches.applying import applied_tag, parse_log
+    parsed = parse_log(log_path.read_text(errors="replace"))
+    client.set_tag(run_id, "sglang_patches.applied", applied_tag(parsed))
+    client.log_dict(run_id, parsed, "sglang_patches.json")
 
 
 def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, adapter, cfg) -> dict:

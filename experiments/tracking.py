@@ -105,5 +105,7 @@ def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
         "host.accelerator": cfg.site.accelerator,
         "versions.mlflow": _version("mlflow"), "versions.hydra": _version("hydra-core"),
         "versions.torch": _version("torch"), "versions.sglang": _version("sglang"),
-        "sglang_patches.applied": ",".join(cfg.site.patches) or "none",
+        "sglang_patches.requested": ",".join(cfg.site.patches) or "none",
+        # replaced by the launcher's report once the server has started (measure._log_patches)
+        "sglang_patches.applied": "none" if cfg.engine.name != "sglang" else "no launcher report yet",
     }

@@ -127,5 +127,7 @@ def applied_tag(parsed: dict) -> str:
     launcher = parsed.get("launcher")
     if launcher is None:
         return "no launcher report"
+    if launcher.get("refused"):
+        return "refused: " + str(launcher["refused"])[:400]
     names = [r["name"] for r in launcher.get("applied", [])]
     return ",".join(f"{n}@sglang{launcher.get('sglang_version')}" for n in names) or "none"

@@ -35,6 +35,14 @@ ENTRY_ENV = "SPECWS_SGLANG_ENTRY"
 EXIT_REFUSED, EXIT_SELFCHECK = 2, 3
 
 
+def launcher_env(patches: list[str], site: str, pythonpath: str | None) -> dict[str, str]:
+    """Environment the workspace gives the launcher: the patch names, the site, and this workspace on
+    PYTHONPATH ahead of what is there already (SGLang may itself come from PYTHONPATH, as on the H200)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = [root, *[p for p in (pythonpath or "").split(os.pathsep) if p and p != root]]
+    return {PATCHES_ENV: ",".join(patches), "SPECWS_SITE": site, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def names_from_env(var: str) -> list[str]:
     return [n.strip() for n in os.environ.get(var, "").split(",") if n.strip()]
 

@@ -215,3 +215,39 @@ def test_selfcheck_on_gpu_every_present_kernel_agrees() -> None:
     assert report["summary"], report
     assert "fail" not in report["summary"].values(), json.dumps(report, indent=2)
     assert "pass" in report["summary"].values(), json.dumps(report, indent=2)
+
+
+# --- workspace integration --------------------------------------------------------------------------------
+
+def test_sglang_launch_spec_goes_through_the_launcher_with_the_site_patches(monkeypatch) -> None:
+    from conftest import compose_cfg
+
+    from experiments.launch_spec import build_launch_spec
+    monkeypatch.setenv("PYTHONPATH", "/opt/sglang-bundle")
+    cfg = compose_cfg("+option=A", "site=blackwell", "site.patches=[sm12x_wna16_moe_triton,reach_marker]")
+    spec = build_launch_spec(cfg)
+    assert spec.argv[1:3] == ["-m", "sglang_patches.launch"]
+    assert spec.env["SPECWS_SGLANG_PATCHES"] == "sm12x_wna16_moe_triton,reach_marker"
+    assert spec.env["SPECWS_SITE"] == "blackwell"
+    assert spec.env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/opt/sglang-bundle"]
+
+
+def test_the_run_logs_what_the_launcher_really_applied(tmp_path, store) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from experiments.launch_spec import LaunchSpec
+    from experiments.measure import _log_patches
+    res = _launcher({"SPECWS_SGLANG_PATCHES": "reach_marker,sm12x_wna16_moe_triton",
+                     "SPECWS_SGLANG_ENTRY": "sglang.version"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    log = tmp_path / "server.log"
+    log.write_text(res.stdout + res.stderr)
+    client = MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("patches")).info.run_id
+    spec = LaunchSpec("sglang", sys.executable, "sglang_patches.launch", [], {}, "/health")
+    _log_patches(client, run_id, spec, log)
+    assert client.get_run(run_id).data.tags["sglang_patches.applied"] == "reach_marker@sglang0.5.23"
+    with open(client.download_artifacts(run_id, "sglang_patches.json", str(tmp_path / "dl"))) as f:
+        report = json.load(f)
+    assert report["launcher"]["skipped"][0]["name"] == "sm12x_wna16_moe_triton"
+    assert report["launcher"]["selfcheck"]["status"] == "skipped"
