@@ -6,12 +6,10 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
-import mlflow
 from hydra.core.hydra_config import HydraConfig
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
@@ -23,7 +21,11 @@ from experiments.pairing import compare_greedy, speedups
 from experiments.prompts import load_prompts
 from experiments.server import POOL
 from experiments.summary import summarize
-from experiments.tracking import flatten, log_params, run_tags
+from experiments.tracking import Metric, flatten, log_params, run_tags
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
 
 console = Console(stderr=True)
 
@@ -89,7 +91,7 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
         tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
         client.log_figure(run_id, plots.throughput_vs_concurrency(tok_s, base_tok_s, cfg.option.name),
                           "plots/throughput_vs_concurrency.png")
-        client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, float(v), _now_ms(), 0)
+        client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0)
                                           for k, v in metrics.items()])
         client.log_dict(run_id, {"metrics": metrics, "per_level": summary.per_level}, "summary.json")
         _report(cfg, metrics)

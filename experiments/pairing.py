@@ -6,12 +6,15 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.prompts import prompt_set_path
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
 
 TopK = Callable[[list[int]], list[tuple[int, float]]]
 

@@ -5,15 +5,24 @@ import fcntl
 import os
 import platform
 import subprocess
+from collections import namedtuple
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-import mlflow
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.offline_store import URI_PREFIX, OfflineClient
 from experiments.paths import ROOT
+
+try:
+    import mlflow
+    from mlflow.entities import Metric, Param
+except ImportError:  # a host without MLflow (the H200 host) records into the offline store
+    mlflow = None
+    Metric = namedtuple("Metric", "key value timestamp step")
+    Param = namedtuple("Param", "key value")
 
 PARENT_ENV = "SPECWS_PARENT_RUN_ID"
 
@@ -35,15 +44,23 @@ def _store_lock(uri: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def setup(cfg: DictConfig) -> tuple[MlflowClient, str]:
-    """Point MLflow at the configured store; the experiment is created with its artifact folder."""
+def setup(cfg: DictConfig) -> tuple[Any, str]:
+    """Point MLflow at the configured store; the experiment is created with its artifact folder.
+    An `offline://<folder>` URI records into plain files instead (experiments.offline_store)."""
+    if str(cfg.tracking.uri).startswith(URI_PREFIX):
+        return OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX)), cfg.tracking.experiment
+    if mlflow is None:
+        raise RuntimeError(f"MLflow is not installed here; use tracking.uri={URI_PREFIX}<folder> and import the "
+                           "runs elsewhere with `python -m experiments.import_runs <folder>`")
     mlflow.set_tracking_uri(cfg.tracking.uri)
+    from mlflow.tracking import MlflowClient
+
     with _store_lock(cfg.tracking.uri):
         client = MlflowClient()
         return client, _experiment_id(client, cfg)
 
 
-def _experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
+def _experiment_id(client, cfg: DictConfig) -> str:
     name = cfg.tracking.experiment
     exp = client.get_experiment_by_name(name)
     if exp is not None:
@@ -70,11 +87,11 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
     return out
 
 
-def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+def log_params(client, run_id: str, params: dict[str, str]) -> None:
     """Params in batches of 100 (MLflow's limit per call)."""
     items = list(params.items())
     for start in range(0, len(items), 100):
-        client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in items[start: start + 100]])
+        client.log_batch(run_id, params=[Param(k, v) for k, v in items[start: start + 100]])
 
 
 def _version(dist: str) -> str:

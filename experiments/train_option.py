@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.measure import console
 from experiments.tracking import PARENT_ENV, flatten, log_params, run_tags, setup
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 
 def train_and_evaluate(cfg: DictConfig, evaluate: Callable[[DictConfig], dict]) -> dict:

