@@ -55,6 +55,7 @@ class ReplaySequence:
     concurrency: int = 0
     repetition: int = 0
     chunk_tokens: list[int] = field(default_factory=list)
+    chunk_times_s: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class ReplayStats:
     decode_tokens: int = 0          # output tokens after the first (which prefill emits)
     per_pos: list[int] = field(default_factory=list)
     emitted: list[int] = field(default_factory=list)  # tokens per step, prefill's first token included
+    verified: list[int] = field(default_factory=list)  # draft tokens verified by each decode step
 
     def add(self, other: ReplayStats) -> None:
         self.steps += other.steps
@@ -232,6 +234,7 @@ def replay_config(index: NgramIndex, cfg: NgramConfig, max_model_len: int = DEFA
         if keep_emitted and outputs[r]:
             mine = v[req == r]
             stats.emitted = [1, *np.minimum(jump_arr[mine], index.query_end[mine] - index.query[mine]).tolist()]
+            stats.verified = draft_len[mine].tolist()
         out.append(stats)
     return out
 
@@ -260,7 +263,7 @@ def sequences_from_records(records: list[dict], origin: str) -> list[ReplaySeque
         raise ReplayInputError(f"{origin}: none of the {len(records)} requests finished with output tokens")
     return [ReplaySequence([int(t) for t in r["prompt_token_ids"]], [int(t) for t in r["output_token_ids"]],
                            str(r.get("prompt_id", i)), int(r.get("concurrency", 0)), int(r.get("repetition", 0)),
-                           list(r.get("chunk_tokens") or []))
+                           list(r.get("chunk_tokens") or []), list(r.get("chunk_times_s") or []))
             for i, r in enumerate(ok)]
 
 
@@ -418,7 +421,7 @@ def to_json(results: dict[NgramConfig, dict]) -> dict:
     return {c.label: {"config": asdict(c), "total": r["total"].metrics(),
                       "levels": {str(lv): s.metrics() for lv, s in r["levels"].items()},
                       "requests": [{"prompt_id": p, "concurrency": lv, "repetition": rep,
-                                    **{k: v for k, v in asdict(s).items() if k != "emitted"}}
+                                    **{k: v for k, v in asdict(s).items() if k not in ("emitted", "verified")}}
                                    for p, lv, rep, s in r["requests"]]}
             for c, r in results.items()}
 
