@@ -88,6 +88,7 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
             if float(w.temperature) == 0.0:
                 metrics.update(_greedy_check(client, run_id, baseline, records_path, server, adapter,
                                              cfg))
+            metrics.update(_predicted(client, run_id, cfg, metrics, bm, summary, records_path))
         tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
         client.log_figure(run_id, plots.throughput_vs_concurrency(tok_s, base_tok_s, cfg.option.name),
                           "plots/throughput_vs_concurrency.png")
@@ -134,6 +135,24 @@ def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, ada
                                    cfg.baseline.near_tie_margin)
     client.log_dict(run_id, rows, "greedy_check.json")
     return metrics
+
+
+def _predicted(client, run_id: str, cfg: DictConfig, metrics: dict, base: dict, summary, records_path: Path) -> dict:
+    """The speedup model's `predicted_*` next to the measured metrics; a model that cannot predict leaves
+    a tag saying why and never fails the run."""
+    if cfg.spec.method == "none":
+        return {}
+    try:
+        from experiments.speedup_model import predict_live
+        drafts = {c: float(a.drafts) for c, a in summary.acceptance_per_level.items()}
+        records = load_records(records_path) if records_path.exists() else []
+        predicted, note = predict_live(client, client.get_run(run_id).info.experiment_id, run_id, metrics,
+                                       flatten(cfg), base, drafts, records)
+        client.set_tag(run_id, "specws.prediction", note[:5000])
+        return predicted
+    except Exception as exc:  # noqa: BLE001 - the measurement stands without its prediction
+        client.set_tag(run_id, "specws.prediction", f"not predicted: {type(exc).__name__}: {exc}"[:5000])
+        return {}
 
 
 def _now_ms() -> int:

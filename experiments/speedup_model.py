@@ -288,7 +288,7 @@ def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str
             out["predicted_output_tok_s"], out["predicted_speedup"] = p.output_tok_s, p.speedup
             be = break_even_concurrency(profile, tau, k, share, cost)
             if math.isfinite(be):
-                out["predicted_break_even_concurrency"] = be
+                out["predicted_break_even_concurrency"] = float(be)
     if not any(key.startswith("predicted_speedup_c") for key in out):
         raise PredictionUnavailable("option and baseline share no concurrency level")
     return out
@@ -356,6 +356,31 @@ def replayed_tokens_per_step(seqs: list, cfg) -> dict[int, tuple[float, float]]:
     from experiments.replay import replay_workload
     levels = replay_workload(seqs, [cfg])[cfg]["levels"]
     return {c: (s.metrics()["tokens_per_step"], s.metrics()["steps_with_draft"]) for c, s in levels.items()}
+
+
+def predict_live(client, experiment_id: str, run_id: str, option: dict[str, float], params: dict[str, str],
+                 base: dict[str, float], drafts_by_level: dict[int, float], records: list[dict]) -> tuple[dict, str]:
+    """`predicted_*` metrics for a run being measured (experiments/measure.py) and a note on the inputs:
+    acceptance replayed from its records where the engine is vLLM n-gram, else its counters; verification
+    cost probed on the store's other single-stream n-gram runs of this experiment (the 6 newest)."""
+    from experiments.replay import NgramConfig, ReplayInputError, sequences_from_records
+    notes = []
+    tokens_per_step = None
+    if params.get("spec.method") == "ngram" and params.get("engine.name") == "vllm":
+        try:
+            cfg = NgramConfig(int(params["spec.ngram.min_match"]), int(params["spec.ngram.max_match"]),
+                              int(params["spec.num_draft_tokens"]))
+            tokens_per_step = replayed_tokens_per_step(sequences_from_records(records, run_id), cfg)
+            notes.append("acceptance: replay of the records")
+        except (ReplayInputError, KeyError, ValueError) as exc:
+            notes.append(f"acceptance: engine counters (no replay: {exc})")
+    runs = client.search_runs([experiment_id], "attributes.status = 'FINISHED' and params.`spec.method` = 'ngram'"
+                              " and tags.`specws.mode` = 'measure'", max_results=6,
+                              order_by=["attributes.start_time DESC"])
+    b_tok = probe_b_tok(probe_slopes(ngram_sources(client, [r for r in runs if r.info.run_id != run_id])))
+    notes.append("verification cost: " + ("no probe, b_tok = b_seq" if b_tok is None
+                                          else f"probe {b_tok:.3g} ms/token"))
+    return predict_run(option, params, base, drafts_by_level, tokens_per_step, b_tok_ms=b_tok), "; ".join(notes)
 
 
 def main(argv: list[str] | None = None) -> None:
