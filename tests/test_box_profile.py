@@ -19,6 +19,7 @@ from experiments.launch_spec import build_launch_spec
 from experiments.preflight import Refused, check_head_fits
 from experiments.specforge import SPECFORGE_TARGET, commands, draft_config, recipe, validate_recipe
 from experiments.tracking import flatten
+from sglang_patches import REGISTRY
 
 ISSUE_LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
 DRAFTERS = ["lightseek_k25", "aq_medai_k25", "aq_medai_k2"]
@@ -48,7 +49,6 @@ def test_box_sglang_command_line_passes_sglang_parser(option: str) -> None:
     args = spec.args
     assert args[args.index("--tp-size") + 1] == "8"
     assert args[args.index("--attention-backend") + 1] == "triton"
-    assert args[args.index("--moe-runner-backend") + 1] == "triton"
     assert "--disable-custom-all-reduce" in args
 
 
@@ -95,6 +95,7 @@ def test_every_site_flag_and_variable_has_a_reason_and_an_issue_link() -> None:
         explained = set(site.reasons[engine])
         assert given == explained, f"{engine}: unexplained {given - explained}, stale {explained - given}"
     assert set(site.env) <= set(site.reasons.env)
+    assert set(site.patches) == set(site.reasons.patches) and set(site.patches) <= set(REGISTRY)
     for group in site.reasons.values():
         for name, why in group.items():
             assert len(why.reason) > 30, name
@@ -163,7 +164,8 @@ def test_specforge_commands_serve_the_target_with_the_site_flags(tmp_path: Path)
     cfg = box("+option=D")
     steps = commands(cfg, tmp_path)
     serve = next(s for s in steps if "--served-model-name" in s)   # through the sglang_patches launcher
-    assert "--tp-size 8" in serve and "--moe-runner-backend triton" in serve and "--speculative-algorithm" not in serve
+    assert "--tp-size 8" in serve and "--speculative-algorithm" not in serve
+    assert "SPECWS_SGLANG_PATCHES=sm12x_wna16_moe_triton" in serve
     capture = next(s for s in steps if "prepare_hidden_states.py" in s)
     assert "--tp-size 8" in capture and "--chat-template kimi-k2-instruct" in capture
     assert any(s.startswith("specforge export --to sglang") for s in steps)
