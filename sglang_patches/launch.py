@@ -108,6 +108,8 @@ def run_selfcheck(ns, ctx: Context, config: dict, applied: list[str]) -> dict:
         return {"status": "skipped", "reason": "no CUDA device or not an INT4 weight-only checkpoint"}
     kernel = selected_moe_kernel(ns, ctx, applied)
     report = selfcheck.run()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()   # give the check's memory back before SGLang sizes its pools
     report["selected"] = kernel
     reasons = [r for p in report["problems"] if (r := selfcheck.refusal(p["results"], [kernel]))]
     if report.get("skipped"):
