@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from experiments.paths import cache_dir
-
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2          # 2: more topics, everyday advice / recipes / reasoning, answer-style modifiers
 
 TOPICS = [
     "photosynthesis", "volcanoes", "black holes", "the water cycle", "vaccines", "compound interest",
@@ -30,7 +29,19 @@ TOPICS = [
     "time management", "bicycles", "ocean tides", "nutrition", "cloud computing", "password security",
     "the pyramids of Egypt", "tea", "volunteering", "the solar system", "dinosaurs", "the human brain",
     "artificial satellites", "rain forests' animals", "the metric system", "electricity", "magnets", "bread baking",
+    "the internet", "rainbows", "glaciers", "the moon", "photosynthesis in the ocean", "whales", "ants",
+    "nuclear power", "batteries", "3D printing", "social media", "email etiquette", "the Roman Empire",
+    "ancient Greece", "the Industrial Revolution", "World War I", "the Silk Road", "the Amazon river", "deserts",
+    "hurricanes", "lightning", "the northern lights", "gravity", "sound waves", "light", "atoms", "vitamins",
+    "exercise", "stress", "habits", "friendship", "budgeting", "credit cards", "renting an apartment",
+    "job interviews", "remote work", "online learning", "video games", "photography", "painting", "poetry",
+    "football", "tennis", "yoga", "camping", "travel on a budget", "public transport", "cities of the future",
+    "space exploration", "Mars", "robots", "self-driving cars", "open-source software", "databases", "the cloud",
+    "cybersecurity", "spreadsheets", "healthy breakfasts", "houseplants", "pets", "dogs", "cats", "birds",
+    "recycling plastic", "fast fashion", "water pollution", "forests", "bees and pollination", "mushrooms",
 ]
+MODIFIERS = ["", "", " Keep it short.", " Answer in three sentences.", " Use bullet points.",
+             " Explain it like I'm five.", " Give an example.", " Be detailed.", " Use simple words."]
 EXPLAIN = ["Explain {t} in simple terms.", "How does {t} work?", "What is {t}, and why does it matter?",
            "Explain {t} to a high school student.", "Give a short overview of {t}.",
            "What are the most important things to know about {t}?", "What is the history of {t}?"]
@@ -119,6 +130,31 @@ EMAILS = [("my neighbour", "the noise late at night"), ("my manager", "taking a 
           ("the city council", "a broken street light"), ("a new client", "our first project meeting")]
 EMAIL = ["Write a polite email to {r} about {s}.", "Write a short, friendly message to {r} about {s}.",
          "Draft a formal letter to {r} regarding {s}."]
+SITUATIONS = ["a rainy day in a big city", "a weekend with no plans", "a long flight", "my first day at a new job",
+              "a job interview tomorrow", "moving to a new city", "a tight budget this month", "a noisy neighbour",
+              "feeling tired every afternoon", "a friend's birthday", "a family dinner", "learning to cook",
+              "a trip to the mountains", "a presentation at work", "starting university", "a small garden",
+              "working from home", "a picky eater at home", "a lost wallet", "a power cut in the evening",
+              "a slow laptop", "a messy room", "a week-long holiday", "a new puppy", "an exam next week"]
+ADVICE = ["What are some good things to do on {x}?", "I have {x}. How should I prepare?",
+          "Give me some practical advice for {x}.", "What should I keep in mind for {x}?",
+          "Make a simple plan for {x}."]
+DISHES = ["tomato soup", "pancakes", "a vegetable curry", "banana bread", "a green salad", "fried rice",
+          "lentil soup", "scrambled eggs", "a pasta sauce", "guacamole", "a fruit smoothie", "chocolate cookies",
+          "roast chicken", "a vegetable stir fry", "hummus", "an omelette", "porridge", "a simple pizza"]
+RECIPE = ["How do I make {d} at home?", "Give me a simple recipe for {d}.", "What do I need to cook {d}?",
+          "Explain step by step how to make {d}."]
+PUZZLES = ["If all bloops are razzies and all razzies are lazzies, are all bloops lazzies? Explain.",
+           "A bat and a ball cost {a}.10 dollars together. The bat costs {a} dollar more than the ball. How much "
+           "does the ball cost?", "Which is heavier, a kilogram of feathers or a kilogram of iron? Why?",
+           "If it takes {b} machines {b} minutes to make {b} widgets, how long do {c} machines take to make {c} "
+           "widgets?", "Is {n} an even or an odd number? Think step by step.",
+           "I have {b} brothers and each brother has {c} sisters. What is the smallest number of sisters I have?",
+           "What comes next in the sequence {a}, {a2}, {a3}, ...? Explain the pattern.",
+           "A farmer has {n} sheep and all but {b} run away. How many are left?",
+           "Think step by step: how many minutes are there in {b} hours and {c} minutes?",
+           "If today is {day}, what day of the week will it be in {n} days? Reason it out."]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 
 
 def _math(rng: random.Random) -> str:
@@ -137,11 +173,22 @@ def _math(rng: random.Random) -> str:
     ])
 
 
+def _reasoning(rng: random.Random) -> str:
+    a, b, c, n = rng.randint(1, 9), rng.randint(2, 9), rng.randint(2, 12), rng.randint(10, 400)
+    return rng.choice(PUZZLES).format(a=a, a2=a * 2, a3=a * 4, b=b, c=c, n=n, day=rng.choice(DAYS))
+
+
 def _fill(rng: random.Random, kind: str) -> str:
     if kind == "explain":
-        return rng.choice(EXPLAIN).format(t=rng.choice(TOPICS))
+        return rng.choice(EXPLAIN).format(t=rng.choice(TOPICS)) + rng.choice(MODIFIERS)
     if kind == "list":
-        return rng.choice(LISTS).format(t=rng.choice(TOPICS))
+        return rng.choice(LISTS).format(t=rng.choice(TOPICS)) + rng.choice(MODIFIERS)
+    if kind == "advice":
+        return rng.choice(ADVICE).format(x=rng.choice(SITUATIONS)) + rng.choice(MODIFIERS)
+    if kind == "recipe":
+        return rng.choice(RECIPE).format(d=rng.choice(DISHES)) + rng.choice(MODIFIERS)
+    if kind == "reasoning":
+        return _reasoning(rng)
     if kind == "write":
         return rng.choice(WRITE).format(t=rng.choice(TOPICS))
     if kind == "grounded":
@@ -151,10 +198,10 @@ def _fill(rng: random.Random, kind: str) -> str:
     if kind == "code":
         return rng.choice(CODE).format(c=rng.choice(CODE_TASKS))
     if kind == "howto":
-        return rng.choice(HOWTO).format(s=rng.choice(SKILLS))
+        return rng.choice(HOWTO).format(s=rng.choice(SKILLS)) + rng.choice(MODIFIERS)
     if kind == "compare":
         a, b = rng.choice(PAIRS)
-        return rng.choice(COMPARE).format(a=a, b=b)
+        return rng.choice(COMPARE).format(a=a, b=b) + rng.choice(MODIFIERS)
     if kind == "story":
         return rng.choice(STORY).format(c=rng.choice(CHARACTERS), e=rng.choice(EVENTS))
     if kind == "email":
@@ -163,7 +210,8 @@ def _fill(rng: random.Random, kind: str) -> str:
     raise ValueError(kind)
 
 
-KINDS = ["explain", "explain", "list", "write", "grounded", "math", "code", "howto", "compare", "story", "email"]
+KINDS = ["explain", "explain", "list", "advice", "write", "grounded", "math", "code", "howto", "compare", "story",
+         "email", "recipe", "reasoning"]
 
 
 def build_prompts(n: int, seed: int) -> list[dict]:
@@ -195,6 +243,7 @@ class DataSettings:
     max_new_tokens: int = 128
     batch_size: int = 64
     dtype: str = "bfloat16"     # the engines serve the target in bfloat16: its greedy answers are the ones to learn
+    device: str = "cpu"
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self._ident(), sort_keys=True).encode()).hexdigest()[:16]
@@ -211,9 +260,18 @@ class DataSettings:
         return hashlib.sha256(json.dumps(self._ident("num_prompts"), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def eagle3_cache() -> Path:
+    """`<cache>/eagle3`; SPECWS_EAGLE3_CACHE overrides it (the GPU command sets it: it runs without OmegaConf)."""
+    if os.environ.get("SPECWS_EAGLE3_CACHE"):
+        return Path(os.environ["SPECWS_EAGLE3_CACHE"])
+    from experiments.paths import cache_dir
+
+    return cache_dir() / "eagle3"
+
+
 def _reusable_answers(s: DataSettings) -> dict[str, dict]:
     found: dict[str, dict] = {}
-    for side in sorted((cache_dir() / "eagle3" / "data").glob("*.settings.json")):
+    for side in sorted((eagle3_cache() / "data").glob("*.settings.json")):
         if json.loads(side.read_text()).get("answers_key") != s.answers_key():
             continue
         for r in load_rows(side.with_name(side.name.replace(".settings.json", ".jsonl"))):
@@ -226,39 +284,27 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
 
 
-def generate_responses(s: DataSettings, progress: Callable[[str], None] = print) -> Path:
-    """Greedy answers of the target, cached; returns the JSONL path (rows: id, kind, prompt_ids, response_ids,
-    finished). A response ends at the first end-of-turn token (kept) or after `max_new_tokens`."""
-    out = cache_dir() / "eagle3" / "data" / f"{s.key()}.jsonl"
-    if out.exists():
-        return out
+def greedy_answers(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int,
+                   progress: Callable[[str], None] = print) -> None:
+    """Fill rows[i]["response_ids"] / ["finished"] with the model's greedy answer to rows[i]["prompt_ids"]
+    (left-padded batches of similar length, on the model's device). An answer ends at the first end-of-turn
+    token (kept) or after `max_new_tokens`."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(s.model_path)
-    model = AutoModelForCausalLM.from_pretrained(s.model_path, dtype=getattr(torch, s.dtype)).eval()
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos_ids))
-    rows = build_prompts(s.num_prompts, s.seed)
-    known = _reusable_answers(s)
-    for r in rows:
-        r["prompt_ids"] = chat_ids(tok, r["messages"])
-        old = known.get(json.dumps(r["messages"], sort_keys=True))
-        if old is not None and old["prompt_ids"] == r["prompt_ids"]:
-            r["response_ids"], r["finished"] = old["response_ids"], old["finished"]
-    todo = [i for i, r in enumerate(rows) if "response_ids" not in r]
-    progress(f"eagle3 data: {len(rows) - len(todo)} answers reused from the cache, {len(todo)} to generate")
-    order = sorted(todo, key=lambda i: len(rows[i]["prompt_ids"]))
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"]))
     t0 = time.time()
-    for b in range(0, len(order), s.batch_size):
-        batch = [rows[i] for i in order[b: b + s.batch_size]]
+    for b in range(0, len(order), batch_size):
+        batch = [rows[i] for i in order[b: b + batch_size]]
         width = max(len(r["prompt_ids"]) for r in batch)
         ids = torch.tensor([[pad] * (width - len(r["prompt_ids"])) + r["prompt_ids"] for r in batch])
         mask = torch.tensor([[0] * (width - len(r["prompt_ids"])) + [1] * len(r["prompt_ids"]) for r in batch])
         with torch.inference_mode():
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens,
-                                 do_sample=False, pad_token_id=pad, eos_token_id=sorted(eos_ids))
+            gen = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                                 max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+                                 eos_token_id=sorted(eos_ids))
         for r, seq in zip(batch, gen[:, width:].tolist(), strict=True):
             resp = []
             for t in seq:
@@ -266,7 +312,30 @@ def generate_responses(s: DataSettings, progress: Callable[[str], None] = print)
                 if t in eos_ids:
                     break
             r["response_ids"], r["finished"] = resp, resp[-1] in eos_ids
-        progress(f"eagle3 data: {min(b + s.batch_size, len(order))}/{len(order)} answers, {time.time() - t0:.0f}s")
+        progress(f"eagle3 data: {min(b + batch_size, len(order))}/{len(order)} answers, {time.time() - t0:.0f}s")
+
+
+def generate_responses(s: DataSettings, progress: Callable[[str], None] = print) -> Path:
+    """Greedy answers of the target, cached; returns the JSONL path (rows: id, kind, prompt_ids, response_ids,
+    finished)."""
+    out = eagle3_cache() / "data" / f"{s.key()}.jsonl"
+    if out.exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(s.model_path)
+    model = AutoModelForCausalLM.from_pretrained(s.model_path, dtype=getattr(torch, s.dtype)).eval().to(s.device)
+    rows = build_prompts(s.num_prompts, s.seed)
+    known = _reusable_answers(s)
+    for r in rows:
+        r["prompt_ids"] = chat_ids(tok, r["messages"])
+        old = known.get(json.dumps(r["messages"], sort_keys=True))
+        if old is not None and old["prompt_ids"] == r["prompt_ids"]:
+            r["response_ids"], r["finished"] = old["response_ids"], old["finished"]
+    todo = [r for r in rows if "response_ids" not in r]
+    progress(f"eagle3 data: {len(rows) - len(todo)} answers reused from the cache, {len(todo)} to generate")
+    greedy_answers(model, tok, todo, s.max_new_tokens, s.batch_size, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".partial")
     with tmp.open("w") as f:

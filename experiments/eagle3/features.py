@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.eagle3.data import DataSettings, generate_responses, load_rows
-from experiments.paths import cache_dir
+from experiments.eagle3.data import DataSettings, eagle3_cache, generate_responses, load_rows
 
 
 @dataclass(frozen=True)
@@ -27,10 +26,12 @@ class FeatureSettings:
     aux_layer_ids: tuple[int, ...]
     dtype: str = "float32"
     tokens_per_batch: int = 4096
+    device: str = "cpu"
 
     def key(self) -> str:
         blob = json.dumps({"data": self.data.key(), "aux": list(self.aux_layer_ids), "dtype": self.dtype,
-                           "tpb": self.tokens_per_batch}, sort_keys=True)
+                           "tpb": self.tokens_per_batch, **({"device": self.device} if self.device != "cpu" else {})},
+                          sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -51,15 +52,20 @@ class Features:
         return self.prompt_lens.numel()
 
     def response_token_counts(self, vocab_size: int, sequences: list[int] | None = None) -> torch.Tensor:
-        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        keep = torch.zeros(self.ids.numel(), dtype=torch.bool)
         for s in range(self.num_sequences) if sequences is None else sequences:
-            a = int(self.offsets[s] + self.prompt_lens[s])
-            counts += torch.bincount(self.ids[a: int(self.offsets[s + 1])], minlength=vocab_size)
-        return counts
+            keep[int(self.offsets[s] + self.prompt_lens[s]): int(self.offsets[s + 1])] = True
+        return torch.bincount(self.ids[keep.to(self.ids.device)], minlength=vocab_size).cpu()
+
+    def to(self, device: str | torch.device) -> Features:
+        """Token ids and features on `device` (offsets and lengths stay on the CPU: they drive Python loops)."""
+        self.ids, self.aux, self.final = self.ids.to(device), self.aux.to(device), self.final.to(device)
+        return self
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".partial")
-        torch.save({**{k: getattr(self, k) for k in ("ids", "offsets", "prompt_lens", "aux", "final", "kinds")},
+        torch.save({**{k: getattr(self, k) if k == "kinds" else getattr(self, k).cpu()
+                       for k in ("ids", "offsets", "prompt_lens", "aux", "final", "kinds")},
                     "aux_layer_ids": list(self.aux_layer_ids)}, tmp)
         tmp.replace(path)
 
@@ -72,12 +78,14 @@ class Features:
 
 def extract(rows: list[dict], model, aux_layer_ids: tuple[int, ...], tokens_per_batch: int = 4096,
             progress: Callable[[str], None] = print) -> Features:
-    """Run `model` (a transformers causal LM, eval mode) over each row's prompt_ids + response_ids."""
+    """Run `model` (a transformers causal LM, eval mode) over each row's prompt_ids + response_ids. The
+    features stay on the model's device (a GPU holds millions of tokens' worth; the CPU path is unchanged)."""
     seqs = [r["prompt_ids"] + r["response_ids"] for r in rows]
     n_tok = sum(len(s) for s in seqs)
     hidden = model.config.hidden_size
-    aux = torch.empty(n_tok, len(aux_layer_ids) * hidden, dtype=torch.bfloat16)
-    final = torch.empty(n_tok, hidden, dtype=torch.bfloat16)
+    dev = model.device
+    aux = torch.empty(n_tok, len(aux_layer_ids) * hidden, dtype=torch.bfloat16, device=dev)
+    final = torch.empty(n_tok, hidden, dtype=torch.bfloat16, device=dev)
     offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor([len(s) for s in seqs]), 0)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
@@ -95,29 +103,32 @@ def extract(rows: list[dict], model, aux_layer_ids: tuple[int, ...], tokens_per_
             ids[b, : len(seqs[s])] = torch.tensor(seqs[s])
             mask[b, : len(seqs[s])] = 1
         with torch.inference_mode():
-            out = backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+            out = backbone(input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=True,
+                           use_cache=False)
         hs = out.hidden_states
         for b, s in enumerate(batch):
             n, a = len(seqs[s]), int(offsets[s])
             aux[a: a + n] = torch.cat([hs[k][b, :n] for k in aux_layer_ids], -1).to(torch.bfloat16)
             final[a: a + n] = out.last_hidden_state[b, :n].to(torch.bfloat16)
         done += len(batch)
-        progress(f"eagle3 features: {done}/{len(seqs)} sequences, {time.time() - t0:.0f}s")
+        if dev.type == "cpu" or j == len(order):
+            progress(f"eagle3 features: {done}/{len(seqs)} sequences, {time.time() - t0:.0f}s")
         i = j
-    return Features(ids=torch.tensor([t for s in seqs for t in s], dtype=torch.int64), offsets=offsets,
+    return Features(ids=torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=dev),
+                    offsets=offsets,
                     prompt_lens=torch.tensor([len(r["prompt_ids"]) for r in rows], dtype=torch.int64),
                     aux=aux, final=final, aux_layer_ids=tuple(aux_layer_ids), kinds=[r["kind"] for r in rows])
 
 
 def build_features(s: FeatureSettings, progress: Callable[[str], None] = print) -> Path:
     """Data (cached) → features (cached); returns the features path."""
-    out = cache_dir() / "eagle3" / "features" / f"{s.key()}.pt"
+    out = eagle3_cache() / "features" / f"{s.key()}.pt"
     if out.exists():
         return out
     from transformers import AutoModelForCausalLM
 
     rows = load_rows(generate_responses(s.data, progress))
-    model = AutoModelForCausalLM.from_pretrained(s.data.model_path, dtype=getattr(torch, s.dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(s.data.model_path, dtype=getattr(torch, s.dtype)).eval().to(s.device)
     n_layers = model.config.num_hidden_layers
     if not all(0 <= k < n_layers for k in s.aux_layer_ids):  # hidden_states[n_layers] is post-norm in transformers
         raise ValueError(f"aux layer ids {s.aux_layer_ids} outside 0..{n_layers - 1}")

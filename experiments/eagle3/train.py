@@ -1,4 +1,4 @@
-"""EAGLE-3 training with training-time test (TTT), on the CPU.
+"""EAGLE-3 training with training-time test (TTT), on the CPU or a CUDA GPU (`device`).
 
 Step 0 is vLLM's first draft pass: at anchor position i the head gets fc(aux hidden states of i) and the
 embedding of token i+1 (the proposer shifts the input ids by one and puts the target's sampled token last)
@@ -45,6 +45,7 @@ class TrainSettings:
     bf16: bool = True                 # autocast: AMX bf16 matmuls, fp32 master weights
     compile: bool = False             # torch.compile the unroll and loss: minutes of compiling on 2 cores, no gain
     seed: int = 0
+    device: str = "cpu"               # where the head trains; the features must already be there
 
 
 def split_sequences(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -59,7 +60,8 @@ class Batches:
 
     def __init__(self, f: Features, seqs: list[int], batch_tokens: int, label_perm: torch.Tensor | None = None):
         self.f = f
-        self.label_src = torch.arange(f.ids.numel()) if label_perm is None else label_perm
+        self.device = f.ids.device
+        self.label_src = (torch.arange(f.ids.numel()) if label_perm is None else label_perm).to(self.device)
         lens = {s: int(f.offsets[s + 1] - f.offsets[s]) for s in seqs}
         order = sorted(seqs, key=lambda s: lens[s])
         self.batches: list[list[int]] = []
@@ -85,6 +87,7 @@ class Batches:
             a = int(f.offsets[s])
             idx[b, : lens[b]] = torch.arange(a, a + lens[b])
             valid[b, int(f.prompt_lens[s]): lens[b] - 1] = True   # position p: target predicts answer token p+1
+        idx, valid = idx.to(self.device), valid.to(self.device)
         flat = idx.clamp(min=0)
         src = self.label_src[flat]              # the shuffle control takes targets from other positions
         return {"ids": torch.where(idx >= 0, f.ids[flat], 0), "aux": f.aux[flat], "valid": valid,
@@ -93,7 +96,7 @@ class Batches:
 
 def _shift(x: torch.Tensor, k: int, fill) -> torch.Tensor:
     """x[:, i + k] at i (padded with `fill`)."""
-    pad = torch.full((x.shape[0], k, *x.shape[2:]), fill, dtype=x.dtype)
+    pad = torch.full((x.shape[0], k, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
     return torch.cat([x[:, k:], pad], 1)
 
 
@@ -124,11 +127,11 @@ def step_losses(c: Compute, batch: dict[str, torch.Tensor], teacher_w: torch.Ten
     (row-major, so step k's anchors i ↦ targets at i+k+1 select rows in the same order), the head's lm_head
     per step at its anchors."""
     valid = batch["valid"]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(valid.device.type, dtype=torch.bfloat16, enabled=bf16):
         with torch.no_grad():
             t_prob = torch.softmax((batch["final"][valid].float() @ teacher_w.T).float(), -1)
-        rowmap = torch.full(valid.shape, -1, dtype=torch.int64)
-        rowmap[valid] = torch.arange(t_prob.shape[0])
+        rowmap = torch.full(valid.shape, -1, dtype=torch.int64, device=valid.device)
+        rowmap[valid] = torch.arange(t_prob.shape[0], device=valid.device)
         hidden = c.unroll(batch["ids"], batch["aux"] if bf16 else batch["aux"].float(), steps)
         draft_ids = c.head.draft_ids
         losses, hits, masks = [], [], []
@@ -171,6 +174,8 @@ def evaluate(c: Compute, batches: Batches, teacher_w: torch.Tensor, steps: int, 
     out = {f"acc_{k}": correct[k] / max(counted[k], 1) for k in range(steps)}
     out.update({f"loss_{k}": loss_sum[k] / max(counted[k], 1) for k in range(steps)})
     out["accept_length_est"] = 1.0 + sum(h / max(anchors, 1) for h in chain_hits)
+    for k in range(1, steps):                  # the same estimate for a chain of k drafts (a shorter serving chain)
+        out[f"accept_length_est_{k}"] = 1.0 + sum(h / max(anchors, 1) for h in chain_hits[:k])
     return out
 
 
@@ -186,14 +191,15 @@ def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Te
     head.set_vocab(draft_ids)
     if s.init_from_target:
         head.init_from_target(final_norm)
-    teacher_w = lm_head_w.float()[head.draft_ids]
+    head.to(s.device)
+    teacher_w = lm_head_w.float().to(s.device)[head.draft_ids]
     perm = None
     if s.shuffle_labels:
         g = torch.Generator().manual_seed(s.seed + 2)
         perm = torch.randperm(f.ids.numel(), generator=g)
     train_b, val_b = Batches(f, train_seqs, s.batch_tokens, perm), Batches(f, val_seqs, s.batch_tokens)
     n_resp = int(f.response_token_counts(cfg.vocab_size, train_seqs).sum())
-    coverage = float(f.response_token_counts(cfg.vocab_size, val_seqs)[head.draft_ids].sum()) / max(
+    coverage = float(f.response_token_counts(cfg.vocab_size, val_seqs)[draft_ids].sum()) / max(
         1, int(f.response_token_counts(cfg.vocab_size, val_seqs).sum()))
     comp = Compute(head, s.compile)
     opt = torch.optim.AdamW(head.parameters(), lr=s.learning_rate, betas=(0.9, 0.95), weight_decay=s.weight_decay)
@@ -265,16 +271,24 @@ def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Te
     return head, metrics
 
 
+def resolve_device(device: str) -> str:
+    """"auto" → "cuda" when torch sees a GPU, else "cpu"; anything else as given."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs: float | None = None,
                ttt_steps: int = 3, time_budget_s: float = 600.0, draft_vocab_size: int = 4096,
                learning_rate: float = 1e-3, aux_layer_ids: tuple[int, ...] | None = None, num_prompts: int = 512,
                max_new_tokens: int = 128, model_path: str | Path | None = None, shuffle_labels: bool = False,
-               batch_tokens: int = 2048, compile: bool = False, log: Log | None = None,
+               batch_tokens: int = 2048, compile: bool = False, device: str = "auto", log: Log | None = None,
                progress: Callable[[str], None] = print) -> dict:
     """data → features → train → export into `out_dir` (vLLM layout; `<out_dir>-sglang` is SGLang's copy).
     Data and features are cached by their settings; `time_budget_s` caps the training loop only. With
     `steps` and `epochs` both None the step count is planned from the budget (not bit-reproducible across
-    machines: the returned `steps` reproduces the run). Returns the final metrics."""
+    machines: the returned `steps` reproduces the run). `device`: "auto" trains on CUDA when present (data and
+    features are then computed there too). Returns the final metrics."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from experiments.eagle3.data import DataSettings
@@ -282,14 +296,18 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     from experiments.eagle3.features import FeatureSettings, build_features
     from experiments.paths import cache_dir
 
-    torch.set_num_threads(2)
+    device = resolve_device(device)
+    if device == "cpu":
+        torch.set_num_threads(2)
     model_path = str(model_path or cache_dir() / "models" / "SmolLM2-135M-Instruct")
     target_cfg = AutoConfig.from_pretrained(model_path)
     cfg = HeadConfig.from_target(target_cfg, draft_vocab_size, aux_layer_ids)
     t0 = time.time()
-    fs = FeatureSettings(DataSettings(model_path, num_prompts=num_prompts, seed=seed, max_new_tokens=max_new_tokens),
-                         cfg.aux_layer_ids)
-    feats = Features.load(build_features(fs, progress))
+    gpu = device != "cpu"
+    fs = FeatureSettings(DataSettings(model_path, num_prompts=num_prompts, seed=seed, max_new_tokens=max_new_tokens,
+                                      batch_size=512 if gpu else 64, device=device),
+                         cfg.aux_layer_ids, tokens_per_batch=65536 if gpu else 4096, device=device)
+    feats = Features.load(build_features(fs, progress)).to(device)
     t_data = time.time() - t0
     target = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     embed = target.get_input_embeddings().weight.detach().clone()
@@ -298,8 +316,9 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     del target
     s = TrainSettings(ttt_steps=ttt_steps, draft_vocab_size=cfg.draft_vocab_size, learning_rate=learning_rate,
                       steps=steps, epochs=epochs, time_budget_s=time_budget_s, shuffle_labels=shuffle_labels,
-                      batch_tokens=batch_tokens, compile=compile, seed=seed)
+                      batch_tokens=batch_tokens, compile=compile, seed=seed, device=device)
     head, metrics = train(feats, cfg, embed, lm_head_w, final_norm, s, log, progress)
+    head.cpu()
     metrics.update(data_and_features_seconds=t_data, data_key=fs.data.key(), features_key=fs.key(),
                    aux_layer_ids=list(cfg.aux_layer_ids), target=model_path)
     paths = export_head(head, Path(out_dir))

@@ -1,0 +1,120 @@
+"""One self-contained GPU run of the EAGLE-3 trainer: regenerate the data with the target (batched greedy
+`generate`), extract the aux features in memory, train for a fixed time, export the head (vLLM + SGLang
+layouts, bf16, every file < 16 MiB). Needs only torch, transformers, safetensors (no Hydra, OmegaConf, MLflow).
+
+    python -m experiments.eagle3.gpu --model /path/to/SmolLM2-135M-Instruct --out /path/to/outdir
+
+writes <out>/smollm2_135m-gpu/{config.json,model.safetensors,specws_eagle3.json}, the SGLang copy
+<out>/smollm2_135m-gpu-sglang/, and <out>/gpu_run.log (the answers are cached in --work). Prompts come from
+the template corpus in data.py (seeded), so nothing is downloaded. It runs on the CPU too (tiny settings, for the test).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def run(a: argparse.Namespace) -> dict:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("SPECWS_EAGLE3_CACHE", str(a.work))     # the answers cache (JSONL), kept out of `out`
+    log_file = (out / "gpu_run.log").open("a")
+    t_start = time.time()
+
+    def progress(msg: str) -> None:
+        line = f"[{time.time() - t_start:6.1f}s] {msg}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from experiments.eagle3.data import DataSettings, generate_responses, load_rows
+    from experiments.eagle3.export import export_head
+    from experiments.eagle3.features import extract
+    from experiments.eagle3.head import HeadConfig
+    from experiments.eagle3.train import TrainSettings, resolve_device, train
+
+    device = resolve_device(a.device)
+    gpu = device != "cpu"
+    progress(f"device {device} ({torch.cuda.get_device_name(0) if gpu else 'cpu'}), torch {torch.__version__}")
+    cfg = HeadConfig.from_target(AutoConfig.from_pretrained(a.model), a.draft_vocab_size)
+    ds = DataSettings(str(a.model), num_prompts=a.num_prompts, seed=a.seed, max_new_tokens=a.max_new_tokens,
+                      batch_size=a.gen_batch, device=device)
+    rows = load_rows(generate_responses(ds, progress))
+    t_data = time.time() - t_start
+    target = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval().to(device)
+    feats = extract(rows, target, cfg.aux_layer_ids, a.feature_tokens, progress)
+    embed = target.get_input_embeddings().weight.detach().float().cpu().clone()
+    lm_head_w = target.get_output_embeddings().weight.detach().float().cpu().clone()
+    final_norm = target.get_decoder().norm.weight.detach().float().cpu().clone()
+    del target
+    if gpu:
+        torch.cuda.empty_cache()
+    progress(f"features: {feats.ids.numel()} tokens of {feats.num_sequences} sequences")
+    s = TrainSettings(ttt_steps=a.ttt_steps, draft_vocab_size=cfg.draft_vocab_size, learning_rate=a.lr,
+                      steps=a.steps, time_budget_s=a.minutes * 60, batch_tokens=a.batch_tokens, seed=a.seed,
+                      eval_every=a.eval_every, warmup_steps=a.warmup_steps, device=device)
+    head, metrics = train(feats, cfg, embed, lm_head_w, final_norm, s, None, progress)
+    if a.eval_sets:
+        from experiments.eagle3.offline_eval import evaluate_sets
+
+        metrics["prompt_sets"] = evaluate_sets(head, str(a.model), a.eval_sets, 128, a.ttt_steps, device)
+        for name, r in metrics["prompt_sets"].items():
+            progress(f"offline on {name}: per-step accuracy "
+                     + "/".join(f"{r[f'acc_{k}']:.3f}" for k in range(a.ttt_steps))
+                     + f", accept≈{r.get('accept_length_est_3', r['accept_length_est']):.2f} with 3 drafts")
+    head.cpu()
+    paths = export_head(head, out / a.name)
+    for p in (*paths["vllm"].iterdir(), *paths["sglang"].iterdir()):
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise RuntimeError(f"{p} is {p.stat().st_size} bytes, over the 16 MiB transfer limit")
+    metrics.update(data_seconds=t_data, total_seconds=time.time() - t_start, data_key=ds.key(),
+                   aux_layer_ids=list(cfg.aux_layer_ids), target=str(a.model), device=device,
+                   num_prompts=a.num_prompts, max_new_tokens=a.max_new_tokens,
+                   exported={k: str(v) for k, v in paths.items()})
+    Path(paths["vllm"], "specws_eagle3.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    accs = " / ".join(f"{metrics[f'val_acc_{k}']:.3f}" for k in range(a.ttt_steps))
+    est3 = metrics.get("val_accept_length_est_3", metrics["val_accept_length_est"])
+    progress(f"done: held-out per-step accuracy {accs}, expected accept length {est3:.2f} with 3 drafts; "
+             f"{metrics['steps']} steps; total {metrics['total_seconds']:.0f}s")
+    log_file.close()
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.eagle3.gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="target model folder (transformers layout)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--name", default="smollm2_135m-gpu")
+    p.add_argument("--work", type=Path, default=Path("/tmp/specws_eagle3_work"), help="answers cache")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--num-prompts", type=int, default=16384)
+    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--gen-batch", type=int, default=2048, help="prompts per generate() batch")
+    p.add_argument("--feature-tokens", type=int, default=65536, help="tokens per feature-extraction batch")
+    p.add_argument("--minutes", type=float, default=3.0, help="training-loop budget")
+    p.add_argument("--steps", type=int, default=None, help="fixed optimizer steps (default: from --minutes)")
+    p.add_argument("--batch-tokens", type=int, default=32768)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--ttt-steps", type=int, default=5, help="unrolled draft steps (serving uses up to this)")
+    p.add_argument("--eval-sets", nargs="*", default=["chat", "code", "math", "grounded"],
+                   help="serving prompt sets to estimate acceptance on after training (never trained on)")
+    p.add_argument("--draft-vocab-size", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    run(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
