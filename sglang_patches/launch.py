@@ -68,9 +68,14 @@ def checkpoint_config(model_path: str | None) -> dict:
         return {}
 
 
+def quantization_config(config: dict) -> dict:
+    """Top level, or inside text_config for multimodal checkpoints."""
+    return config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+
+
 def is_int4_weight_only(config: dict) -> bool:
     """compressed-tensors with 4-bit weights and no activation quantisation (Kimi-K2.5's INT4)."""
-    q = config.get("quantization_config") or config.get("text_config", {}).get("quantization_config") or {}
+    q = quantization_config(config)
     groups = (q.get("config_groups") or {}).values()
     return any((g.get("weights") or {}).get("num_bits") == 4 and not g.get("input_activations") for g in groups)
 
@@ -79,7 +84,7 @@ def detect_context(argv: list[str]) -> tuple[Context, object, dict]:
     import torch
     ns = server_args(argv)
     config = checkpoint_config(getattr(ns, "model_path", None))
-    quant = getattr(ns, "quantization", None) or (config.get("quantization_config") or {}).get("quant_method")
+    quant = getattr(ns, "quantization", None) or quantization_config(config).get("quant_method")
     capability = tuple(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
     ctx = Context(capability=capability, quantization=quant, site=os.environ.get("SPECWS_SITE"),
                   model_type=config.get("model_type"))

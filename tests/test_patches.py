@@ -251,3 +251,15 @@ def test_the_run_logs_what_the_launcher_really_applied(tmp_path, store) -> None:
         report = json.load(f)
     assert report["launcher"]["skipped"][0]["name"] == "sm12x_wna16_moe_triton"
     assert report["launcher"]["selfcheck"]["status"] == "skipped"
+
+
+def test_selfcheck_runs_for_int4_weight_only_checkpoints_only() -> None:
+    from sglang_patches.gpu_check import KIMI_K25_QUANT
+    from sglang_patches.launch import is_int4_weight_only
+    assert is_int4_weight_only({"quantization_config": KIMI_K25_QUANT})
+    assert is_int4_weight_only({"text_config": {"quantization_config": KIMI_K25_QUANT}})   # multimodal layout
+    w8 = json.loads(json.dumps(KIMI_K25_QUANT))
+    w8["config_groups"]["group_0"]["weights"]["num_bits"] = 8
+    w4a8 = json.loads(json.dumps(KIMI_K25_QUANT))
+    w4a8["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": "int"}
+    assert not any(is_int4_weight_only(c) for c in ({}, {"quantization_config": w8}, {"quantization_config": w4a8}))
