@@ -112,7 +112,7 @@ def test_reasons_are_logged_with_every_run_as_params() -> None:
 
 
 def test_option_c_box_command_passes_vllm_parser(embedded_ready) -> None:
-    cfg = box("+option=C", "engine=vllm")
+    cfg = box("+option=C")   # the option itself switches the box to vLLM
     spec = build_launch_spec(cfg)
     assert spec.python == str(VLLM_PYTHON)
     args = spec.args
