@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -128,6 +129,14 @@ def test_vllm_loads_the_export(exported: Path):
     assert res["architecture"] == ["LlamaForCausalLMEagle3"] and res["model_class"] == "Eagle3LlamaForCausalLM"
     assert res["aux_layer_ids"] == [2, 15, 27] and res["draft_vocab_size"] == 4096
     assert res["loaded"]["midlayer.self_attn.q_proj.weight"] == "model.layers.0.self_attn.qkv_proj.weight"
+    # the geometry vLLM builds the draft with is the target's (rope theta 100000, not vLLM's 10000 default)
+    target = json.loads((SMOLLM2 / "config.json").read_text())
+    theta = (target.get("rope_parameters") or {}).get("rope_theta", target.get("rope_theta"))
+    assert res["geometry"] == {"rope_theta": theta, "rms_norm_eps": target["rms_norm_eps"],
+                               "head_dim": target["head_dim"], "hidden_size": target["hidden_size"],
+                               "num_key_value_heads": target["num_key_value_heads"],
+                               "max_position_embeddings": target["max_position_embeddings"],
+                               "target_hidden_size": target["hidden_size"]}
 
 
 def _sglang_load_weights():
@@ -206,3 +215,117 @@ def test_real_labels_beat_shuffled_labels(tmp_path, monkeypatch, embedded_ready)
     assert real["data_key"] == shuffled["data_key"]        # the second run reused the cached answers
     res = _vllm_check(tmp_path / "real")
     assert res["ok"], res
+
+
+def _synthetic_features(n_seq: int = 6, seed: int = 0):
+    from experiments.eagle3.features import Features
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(20, 40, (n_seq,), generator=g)
+    n = int(lens.sum())
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+    return Features(ids=torch.randint(0, 60, (n,), generator=g), offsets=offsets,
+                    prompt_lens=torch.full((n_seq,), 5, dtype=torch.int64),
+                    aux=torch.randn(n, 3 * TINY.hidden_size, generator=g).bfloat16(),
+                    final=torch.randn(n, TINY.hidden_size, generator=g).bfloat16(), aux_layer_ids=(2, 3, 5),
+                    kinds=["x"] * n_seq)
+
+
+def test_training_is_reproducible_from_the_seed():
+    from experiments.eagle3.train import TrainSettings, train
+
+    f = _synthetic_features()
+    g = torch.Generator().manual_seed(1)
+    embed, lm_head = torch.randn(TINY.vocab_size, TINY.hidden_size, generator=g), torch.randn(TINY.vocab_size, 64)
+    norm = torch.ones(TINY.hidden_size)
+
+    def run(seed: int) -> dict[str, torch.Tensor]:
+        s = TrainSettings(draft_vocab_size=TINY.draft_vocab_size, steps=6, batch_tokens=128, seed=seed,
+                          warmup_steps=2, eval_every=100, val_fraction=0.2)
+        head, metrics = train(f, TINY, embed, lm_head, norm, s, progress=lambda m: None)
+        assert metrics["steps"] == 6
+        return head.export_state_dict()
+
+    a, b, c = run(0), run(0), run(1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
+
+
+def test_corpus_is_large_varied_and_seeded():
+    from collections import Counter
+
+    from experiments.eagle3.data import build_prompts
+
+    rows = build_prompts(16384, 0)
+    texts = [r["messages"][0]["content"] for r in rows]
+    assert len(set(texts)) == 16384 and texts[:50] == [r["messages"][0]["content"] for r in build_prompts(50, 0)]
+    assert texts[:50] != [r["messages"][0]["content"] for r in build_prompts(50, 1)]
+    kinds = Counter(r["kind"] for r in rows)
+    assert len(kinds) >= 12 and max(kinds.values()) < 0.3 * len(rows), kinds
+    serving = {json.loads(line)["messages"][0]["content"] for name in ("chat", "code", "math", "grounded")
+               for line in Path(f"experiments/prompt_sets/{name}.jsonl").read_text().splitlines() if line.strip()}
+    assert not serving & set(texts)          # the serving prompt sets stay held out
+
+
+def test_option_c_sweeps_draft_tokens_with_the_steps():
+    from conftest import compose_cfg
+
+    import experiments.preflight  # noqa: F401  (registers ws.add)
+
+    for steps in (1, 3, 5):
+        cfg = compose_cfg("+option=C", f"spec.num_steps={steps}")
+        assert (cfg.spec.num_steps, cfg.spec.topk, cfg.spec.num_draft_tokens) == (steps, 1, steps + 1)
+
+
+def test_committed_head_installs_for_both_engines(tmp_path):
+    from experiments.eagle3.artifact import ARTIFACT, install
+
+    if not (ARTIFACT / "model.safetensors").exists():
+        pytest.skip("no committed head")
+    got = install(tmp_path / "smollm2_135m")
+    assert install(tmp_path / "smollm2_135m") is None               # an existing head is left alone
+    v, s = (json.loads((got[e] / "config.json").read_text()) for e in ("vllm", "sglang"))
+    ids = v["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert s["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in ids]
+    assert (got["vllm"] / "model.safetensors").read_bytes() == (ARTIFACT / "model.safetensors").read_bytes()
+    assert load_head(got["vllm"]).config.draft_vocab_size == v["draft_vocab_size"]
+    assert (ARTIFACT / "model.safetensors").stat().st_size < 16 * 1024 * 1024
+
+
+@pytest.mark.slow
+def test_gpu_command_needs_no_hydra_or_mlflow(tmp_path, embedded_ready):
+    """The H200 command end to end on the CPU, tiny, with OmegaConf / Hydra / MLflow made unimportable."""
+    code = ("import sys\nfor m in ('omegaconf', 'hydra', 'mlflow'): sys.modules[m] = None\n"
+            "from experiments.eagle3.gpu import main\nmain(sys.argv[1:])")
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--model", str(SMOLLM2), "--out", str(tmp_path / "out"), "--work",
+         str(tmp_path / "work"), "--num-prompts", "6", "--max-new-tokens", "6", "--gen-batch", "6", "--steps", "2",
+         "--batch-tokens", "512", "--warmup-steps", "1", "--ttt-steps", "2", "--eval-sets", "--device", "cpu"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    head = tmp_path / "out" / "smollm2_135m-gpu"
+    metrics = json.loads((head / "specws_eagle3.json").read_text())
+    assert metrics["steps"] == 2 and metrics["device"] == "cpu" and metrics["num_prompts"] == 6
+    assert sorted(load_file(str(head / "model.safetensors"))) == EXPECTED_TENSORS
+    assert (tmp_path / "out" / "smollm2_135m-gpu-sglang" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_served_drafts_match_the_trainer_head(tmp_path, embedded_ready):
+    """vLLM's own proposer, hooked: the draft tokens it proposes and the tensors it feeds the head equal what
+    our head computes on the same prefix (the train/serve consistency check of issue 3)."""
+    from experiments.eagle3.artifact import ARTIFACT
+
+    if not (ARTIFACT / "model.safetensors").exists():
+        pytest.skip("no committed head")
+    out = subprocess.run([str(VLLM_PYTHON), "-m", "experiments.eagle3.vllm_trace", str(SMOLLM2), str(ARTIFACT),
+                          "--prompts", "2", "--max-tokens", "12"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    reports = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 2, out.stderr[-3000:]
+    for r in reports:
+        assert r["input_shift_ok"] and r["positions_ok"]
+        assert min(r["aux_min_cos_per_layer_fp32"]) > 0.999 and r["fc_rel_err"] < 0.01
+        assert max(r["prenorm_rel_err_per_step"]) < 0.02, r
+        assert r["ours_drafts"][0] == r["vllm_drafts"][0], r
+        assert r["decode_calls"] > 0 and min(r["decode_same_draft_per_step"]) >= 0.75, r

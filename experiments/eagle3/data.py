@@ -93,7 +93,9 @@ PASSAGES = [
 GROUNDED = ["Summarise the following text in one sentence:\n\n{p}", "Extract the key points from this text as a "
             "bulleted list:\n\n{p}", "Rewrite this text in simpler words:\n\n{p}", "Write a title for this text "
             "and explain your choice:\n\n{p}", "What are the main facts in this text?\n\n{p}",
-            "Turn this text into three questions with answers:\n\n{p}"]
+            "Turn this text into three questions with answers:\n\n{p}", "Translate the main idea of this text into "
+            "one tweet:\n\n{p}", "What is the tone of this text? Explain.\n\n{p}", "List all the numbers in this "
+            "text and what they refer to:\n\n{p}", "Rewrite this text as a short formal announcement:\n\n{p}"]
 CODE_TASKS = [
     "reverses a string", "checks whether a number is prime", "returns the factorial of n", "counts the vowels in "
     "a string", "finds the largest number in a list", "removes duplicates from a list while keeping the order",
@@ -103,10 +105,16 @@ CODE_TASKS = [
     "counts how often each word appears in a sentence", "returns the greatest common divisor of two numbers",
     "implements binary search on a sorted list", "checks whether two strings are anagrams", "returns the "
     "squares of the even numbers in a list", "capitalises the first letter of every word",
+    "checks whether a year is a leap year", "converts a number to Roman numerals", "validates an email address",
+    "finds the second largest number in a list", "rotates a list by k positions", "counts the digits of a number",
+    "reads a JSON file and prints its keys", "returns the median of a list", "generates a random password",
+    "checks whether brackets in a string are balanced", "converts a string to title case", "sums a matrix row by row",
 ]
 CODE = ["Write a Python function that {c}.", "Write a JavaScript function that {c}.",
         "Show me how to write a function that {c} in Python, and explain how it works.",
-        "Write a Python function that {c}, with a docstring and an example."]
+        "Write a Python function that {c}, with a docstring and an example.", "Write a Java method that {c}.",
+        "Write a C function that {c}.", "Write a function that {c}, then write two unit tests for it.",
+        "Explain, step by step, how you would write a program that {c}."]
 SKILLS = ["cooking", "writing essays", "learning a new language", "drawing", "running", "saving money",
           "playing the guitar", "public speaking", "programming", "taking photos", "chess", "studying for exams"]
 HOWTO = ["How can I get better at {s}?", "Give me a step-by-step plan for a beginner in {s}.",
@@ -130,8 +138,8 @@ EMAILS = [("my neighbour", "the noise late at night"), ("my manager", "taking a 
           ("the city council", "a broken street light"), ("a new client", "our first project meeting")]
 EMAIL = ["Write a polite email to {r} about {s}.", "Write a short, friendly message to {r} about {s}.",
          "Draft a formal letter to {r} regarding {s}."]
-SITUATIONS = ["a rainy day in a big city", "a weekend with no plans", "a long flight", "my first day at a new job",
-              "a job interview tomorrow", "moving to a new city", "a tight budget this month", "a noisy neighbour",
+SITUATIONS = ["a rainy weekend at home", "a weekend with no plans", "a long flight", "my first day at a new job",
+              "a phone interview next week", "moving to a new city", "a tight budget this month", "a noisy neighbour",
               "feeling tired every afternoon", "a friend's birthday", "a family dinner", "learning to cook",
               "a trip to the mountains", "a presentation at work", "starting university", "a small garden",
               "working from home", "a picky eater at home", "a lost wallet", "a power cut in the evening",
@@ -139,7 +147,7 @@ SITUATIONS = ["a rainy day in a big city", "a weekend with no plans", "a long fl
 ADVICE = ["What are some good things to do on {x}?", "I have {x}. How should I prepare?",
           "Give me some practical advice for {x}.", "What should I keep in mind for {x}?",
           "Make a simple plan for {x}."]
-DISHES = ["tomato soup", "pancakes", "a vegetable curry", "banana bread", "a green salad", "fried rice",
+DISHES = ["mushroom soup", "pancakes", "a vegetable curry", "banana bread", "a green salad", "fried rice",
           "lentil soup", "scrambled eggs", "a pasta sauce", "guacamole", "a fruit smoothie", "chocolate cookies",
           "roast chicken", "a vegetable stir fry", "hummus", "an omelette", "porridge", "a simple pizza"]
 RECIPE = ["How do I make {d} at home?", "Give me a simple recipe for {d}.", "What do I need to cook {d}?",
@@ -190,23 +198,23 @@ def _fill(rng: random.Random, kind: str) -> str:
     if kind == "reasoning":
         return _reasoning(rng)
     if kind == "write":
-        return rng.choice(WRITE).format(t=rng.choice(TOPICS))
+        return rng.choice(WRITE).format(t=rng.choice(TOPICS)) + rng.choice(MODIFIERS)
     if kind == "grounded":
-        return rng.choice(GROUNDED).format(p=rng.choice(PASSAGES))
+        return rng.choice(GROUNDED).format(p=rng.choice(PASSAGES)) + rng.choice(MODIFIERS)
     if kind == "math":
         return _math(rng)
     if kind == "code":
-        return rng.choice(CODE).format(c=rng.choice(CODE_TASKS))
+        return rng.choice(CODE).format(c=rng.choice(CODE_TASKS)) + rng.choice(MODIFIERS)
     if kind == "howto":
         return rng.choice(HOWTO).format(s=rng.choice(SKILLS)) + rng.choice(MODIFIERS)
     if kind == "compare":
         a, b = rng.choice(PAIRS)
         return rng.choice(COMPARE).format(a=a, b=b) + rng.choice(MODIFIERS)
     if kind == "story":
-        return rng.choice(STORY).format(c=rng.choice(CHARACTERS), e=rng.choice(EVENTS))
+        return rng.choice(STORY).format(c=rng.choice(CHARACTERS), e=rng.choice(EVENTS)) + rng.choice(MODIFIERS)
     if kind == "email":
         r, s = rng.choice(EMAILS)
-        return rng.choice(EMAIL).format(r=r, s=s)
+        return rng.choice(EMAIL).format(r=r, s=s) + rng.choice(MODIFIERS)
     raise ValueError(kind)
 
 
@@ -214,10 +222,18 @@ KINDS = ["explain", "explain", "list", "advice", "write", "grounded", "math", "c
          "email", "recipe", "reasoning"]
 
 
+def serving_prompts() -> set[str]:
+    """Every user message of the serving prompt sets (experiments/prompt_sets): never a training prompt."""
+    folder = Path(__file__).resolve().parents[1] / "prompt_sets"
+    return {m["content"] for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()
+            if line.strip() for m in json.loads(line).get("messages", []) if m.get("role") == "user"}
+
+
 def build_prompts(n: int, seed: int) -> list[dict]:
-    """`n` distinct single-turn chat prompts, deterministic in (n, seed): rows {"id", "kind", "messages"}."""
+    """`n` distinct single-turn chat prompts, deterministic in (n, seed): rows {"id", "kind", "messages"}.
+    Prompts equal to a serving prompt are skipped (those sets measure the head, held out)."""
     rng = random.Random(seed)
-    rows, seen, exhausted = [], set(), set()
+    rows, seen, exhausted = [], serving_prompts(), set()
     while len(rows) < n:
         kinds = [k for k in KINDS if k not in exhausted]
         if not kinds:

@@ -97,15 +97,40 @@ def export_head(head: Eagle3Head, out_dir: Path, *, sglang_dir: Path | None = No
     return {"vllm": out_dir, "sglang": sglang_dir}
 
 
-def load_head(path: Path, embed_weight: torch.Tensor | None = None) -> Eagle3Head:
-    """Rebuild a head from an exported vLLM-layout folder (embeddings: the target's, or zeros)."""
+def config_from_json(path: Path) -> HeadConfig:
+    """The HeadConfig of an exported vLLM-layout folder."""
     cfg = json.loads(Path(path, "config.json").read_text())
     ids = tuple(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    c = HeadConfig(hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-                   num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
-                   head_dim=cfg["head_dim"], rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"],
-                   max_position_embeddings=cfg["max_position_embeddings"], vocab_size=cfg["vocab_size"],
-                   draft_vocab_size=cfg["draft_vocab_size"], aux_layer_ids=ids)
+    return HeadConfig(hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+                      num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
+                      head_dim=cfg["head_dim"], rms_norm_eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"],
+                      max_position_embeddings=cfg["max_position_embeddings"], vocab_size=cfg["vocab_size"],
+                      draft_vocab_size=cfg["draft_vocab_size"], aux_layer_ids=ids)
+
+
+def copy_head(src: Path, dst: Path) -> dict[str, Path]:
+    """Install an exported vLLM-layout folder `src` as `dst` plus its SGLang sibling `<dst>-sglang` (the same
+    safetensors bytes; config.json written for each engine)."""
+    src, dst = Path(src), Path(dst)
+    c = config_from_json(src)
+    cfg = json.loads(Path(src, "config.json").read_text())
+    dtype = cfg.get("torch_dtype", "bfloat16")
+    dst.mkdir(parents=True, exist_ok=True)
+    if src.resolve() != dst.resolve():
+        tmp = dst / "model.safetensors.partial"
+        shutil.copyfile(src / "model.safetensors", tmp)
+        os.replace(tmp, dst / "model.safetensors")
+        if (src / "specws_eagle3.json").exists():
+            shutil.copyfile(src / "specws_eagle3.json", dst / "specws_eagle3.json")
+    _write(dst, head_config_json(c, "vllm", dtype), None, None)
+    sg = dst.with_name(dst.name + "-sglang")
+    _write(sg, head_config_json(c, "sglang", dtype), None, dst / "model.safetensors")
+    return {"vllm": dst, "sglang": sg}
+
+
+def load_head(path: Path, embed_weight: torch.Tensor | None = None) -> Eagle3Head:
+    """Rebuild a head from an exported vLLM-layout folder (embeddings: the target's, or zeros)."""
+    c = config_from_json(path)
     if embed_weight is None:
         embed_weight = torch.zeros(c.vocab_size, c.hidden_size)
     head = Eagle3Head(c, embed_weight)

@@ -39,6 +39,14 @@ def check(target: str, head: str) -> dict:
     result["architecture"] = draft_cfg.architectures
     result["aux_layer_ids"] = (getattr(hf, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
     result["draft_vocab_size"] = getattr(hf, "draft_vocab_size", None)
+    rope = getattr(hf, "rope_parameters", None) or {}
+    # what vLLM's draft model will be built with: a key lost here (rope theta → vLLM's 10000 default) would
+    # make every served draft differ from the trained head's
+    result["geometry"] = {"rope_theta": float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))),
+                          "rms_norm_eps": float(hf.rms_norm_eps), "head_dim": getattr(hf, "head_dim", None),
+                          "hidden_size": hf.hidden_size, "num_key_value_heads": hf.num_key_value_heads,
+                          "max_position_embeddings": hf.max_position_embeddings,
+                          "target_hidden_size": getattr(hf, "target_hidden_size", None)}
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.utils import get_draft_load_config, process_weights_after_loading
     from vllm.utils.torch_utils import set_default_torch_dtype

@@ -1,0 +1,64 @@
+"""The committed EAGLE-3 head for the embedded target, so a fresh machine serves option C without training.
+
+    python -m experiments.eagle3.artifact install [--force]   # bin/setup: committed head → the cache
+    python -m experiments.eagle3.artifact publish HEAD_DIR     # a trained head (vLLM layout) → the repo
+
+The artifact is the vLLM-layout folder only (config.json, model.safetensors in bf16, specws_eagle3.json with how it
+was trained); `install` writes `<cache>/eagle3/heads/smollm2_135m` and its SGLang sibling (aux ids − 1). `install`
+leaves an existing head alone unless --force: a head trained here by `+option=D` lives at the same path.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "smollm2_135m"
+FILES = ("config.json", "model.safetensors", "specws_eagle3.json")
+
+
+def install(dst: Path | None = None, force: bool = False) -> dict[str, Path] | None:
+    """Copy the committed head into the cache; None when one is already there (and not `force`)."""
+    from experiments.eagle3.data import eagle3_cache
+    from experiments.eagle3.export import copy_head
+
+    dst = Path(dst) if dst else eagle3_cache() / "heads" / "smollm2_135m"
+    if (dst / "model.safetensors").exists() and not force:
+        return None
+    return copy_head(ARTIFACT, dst)
+
+
+def publish(src: Path) -> Path:
+    """Replace the committed artifact with the head in `src` (checked by loading it first)."""
+    from experiments.eagle3.export import load_head
+
+    load_head(src)
+    ARTIFACT.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        if Path(src, name).exists():
+            shutil.copyfile(Path(src, name), ARTIFACT / name)
+    return ARTIFACT
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.eagle3.artifact", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("install")
+    i.add_argument("--force", action="store_true")
+    i.add_argument("--dst", type=Path, default=None)
+    pub = sub.add_parser("publish")
+    pub.add_argument("src", type=Path)
+    a = p.parse_args(argv)
+    if a.cmd == "install":
+        done = install(a.dst, a.force)
+        print(f"eagle3 head installed: {done['vllm']} and {done['sglang']}" if done
+              else "eagle3 head: the cache already has one (--force replaces it)")
+    else:
+        print(f"published to {publish(a.src)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
