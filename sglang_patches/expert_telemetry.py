@@ -22,7 +22,14 @@ import torch
 
 from sglang_patches import Patch, PatchRefused, Targets, When, register
 from sglang_patches.moe_budget import (
-    MODEL_FORWARD, MOE_MODEL_TYPES, SELECT_EXPERTS, current_forward_batch, select_experts_arguments,
+    BUDGET_ENV,
+    BUDGET_FILE_ENV,
+    MODEL_FORWARD,
+    MOE_MODEL_TYPES,
+    SELECT_EXPERTS,
+    BudgetSource,
+    current_forward_batch,
+    select_experts_arguments,
     track_forward_batch,
 )
 
@@ -53,6 +60,7 @@ def _apply(t: Targets) -> None:
     path = Path(out_dir) / f"experts-{os.getpid()}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     track_forward_batch(t, "expert_telemetry")
+    budget = BudgetSource() if (os.environ.get(BUDGET_ENV) or os.environ.get(BUDGET_FILE_ENV)) else None
     original_select = t.current(SELECT_EXPERTS)      # composes with moe_budget applied before it
     arguments = select_experts_arguments(original_select)
 
@@ -76,7 +84,8 @@ def _apply(t: Targets) -> None:
             result = tracked_forward(*args, **kwargs)
             batch = current_forward_batch_of(args, kwargs)
             if _layers.counts and batch is not None:
-                record = {"mode": mode_name(batch), "bs": int(getattr(batch, "batch_size", 0) or 0),
+                record = {"mode": mode_name(batch), "budget": budget() if budget else None,
+                          "bs": int(getattr(batch, "batch_size", 0) or 0),
                           "tokens": int(args_tokens(args, kwargs)), "distinct": _layers.counts}
                 with path.open("a") as f:
                     f.write(json.dumps(record) + "\n")

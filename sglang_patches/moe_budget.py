@@ -20,6 +20,7 @@ import functools
 import inspect
 import os
 import threading
+from pathlib import Path
 
 import torch
 
@@ -28,6 +29,7 @@ from sglang_patches import Patch, PatchRefused, Targets, When, register
 SELECT_EXPERTS = "sglang.srt.layers.moe.topk:select_experts"
 MODEL_FORWARD = "sglang.srt.models.deepseek_v2:DeepseekV2ForCausalLM.forward"
 BUDGET_ENV = "SPECWS_MOE_EXPERT_BUDGET"
+BUDGET_FILE_ENV = "SPECWS_MOE_EXPERT_BUDGET_FILE"
 MOE_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25")
 
 
@@ -91,14 +93,32 @@ def budget_topk(topk_weights: torch.Tensor, topk_ids: torch.Tensor, router_logit
     return out_weights.to(topk_weights.dtype), out_ids.to(topk_ids.dtype)
 
 
-def budget_from_env() -> int:
-    raw = os.environ.get(BUDGET_ENV, "")
+class BudgetSource:
+    """B from SPECWS_MOE_EXPERT_BUDGET, or, when SPECWS_MOE_EXPERT_BUDGET_FILE names a file, from that file,
+    re-read whenever it changes: one server then serves a whole B grid. The file form is for runs without
+    CUDA graphs (a captured graph keeps the B it was captured with)."""
+
+    def __init__(self) -> None:
+        self.file = os.environ.get(BUDGET_FILE_ENV)
+        self._stamp: float | None = None
+        self.value = parse_budget(Path(self.file).read_text() if self.file else os.environ.get(BUDGET_ENV, ""))
+
+    def __call__(self) -> int:
+        if self.file:
+            stamp = os.stat(self.file).st_mtime_ns
+            if stamp != self._stamp:
+                self.value, self._stamp = parse_budget(Path(self.file).read_text()), stamp
+        return self.value
+
+
+def parse_budget(raw: str) -> int:
     try:
-        value = int(raw)
+        value = int(str(raw).strip())
     except ValueError:
-        raise PatchRefused(f"moe_budget: {BUDGET_ENV} must be a positive integer, got {raw!r}") from None
+        value = 0
     if value < 1:
-        raise PatchRefused(f"moe_budget: {BUDGET_ENV} must be a positive integer, got {raw!r}")
+        raise PatchRefused(f"moe_budget: the expert budget ({BUDGET_ENV} or the file in {BUDGET_FILE_ENV}) must be "
+                           f"a positive integer, got {raw!r}")
     return value
 
 
@@ -172,7 +192,7 @@ def budgeted_output(output, router_logits, topk_config, num_token_non_padded, bu
 
 
 def _apply(t: Targets) -> None:
-    budget = budget_from_env()
+    budget = BudgetSource()
     if getattr(t.current(SELECT_EXPERTS), "__specws_patch__", None) == "expert_telemetry":
         raise PatchRefused("moe_budget: apply it before expert_telemetry (name it first), so that the telemetry "
                            "counts the budgeted experts")
@@ -186,7 +206,7 @@ def _apply(t: Targets) -> None:
         if not is_target_verify(current_forward_batch()):
             return output
         router_logits, topk_config, num_token_non_padded = arguments(args, kwargs)
-        return budgeted_output(output, router_logits, topk_config, num_token_non_padded, budget)
+        return budgeted_output(output, router_logits, topk_config, num_token_non_padded, budget())
 
     select_experts.__specws_patch__ = "moe_budget"
     t.replace(SELECT_EXPERTS, select_experts)

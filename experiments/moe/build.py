@@ -43,8 +43,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 class BuildSettings:
     seed: int = 0
     num_prompts: int = 1024           # the EAGLE-3 trainer's answer set (cached under .cache/eagle3/data)
-    steps: int = 400
-    batch_tokens: int = 2048
+    steps: int = 240
+    batch_tokens: int = 1024
     learning_rate: float = 3e-3
     warmup_steps: int = 30
     weight_decay: float = 0.01

@@ -39,10 +39,11 @@ class TinyMoeShape:
     routed_scaling_factor: float = 2.5
     num_attention_heads: int = 4
     q_lora_rank: int = 96
-    kv_lora_rank: int = 64
-    qk_nope_head_dim: int = 32
-    qk_rope_head_dim: int = 32
-    v_head_dim: int = 32
+    # vLLM's CPU MLA kernels (cpu_mla, amx_mla) only take the DeepSeek/Kimi latent size 512 + 64 = 576.
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 64
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 64
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
     vocab_size: int = 49152

@@ -1,0 +1,261 @@
+"""Serve the small MoE with SGLang on the H200 host and measure expert telemetry and the MoE-Spec budget.
+
+Standard library only (runs with the host's python3, SGLang 0.5.14 on PYTHONPATH, no mlflow/hydra):
+
+    python3 -m experiments.moe.h200_serve --model DIR --out $OUT --phase decode|ngram|graphs [--ks 2,4,8]
+
+Every server goes through the workspace launcher (`python -m sglang_patches.launch`), which applies the
+named patches in SGLang's spawned processes too.
+- `decode`: no speculation, `expert_telemetry`, no CUDA graphs; every prompt greedy at concurrency 1, 4, 8:
+  the reference outputs and decode-step expert counts.
+- `ngram`: per k in --ks, NGRAM with k draft tokens (`--speculative-num-draft-tokens k+1`, chain drafts:
+  bfs breadth 1), `moe_budget` + `expert_telemetry`, no CUDA graphs; B is set through a file between passes
+  (budget grid --budgets, the first being the number of experts = unbudgeted) at each concurrency.
+- `graphs`: tok/s with CUDA graphs: NGRAM with --graph-k draft tokens, one server per B (`moe_budget` only).
+Results: $OUT/<phase>.json (per pass: outputs, per-request accept length, tok/s, telemetry summary) and the
+raw telemetry lines under $OUT/<phase>-telemetry/. A failing server is recorded with its log tail, and the
+phase goes on with the next configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = Path(__file__).with_name("prompts.json")
+H200_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+             "--mem-fraction-static", "0.35", "--cuda-graph-max-bs-decode", "8", "--context-length", "2048"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ngram_args(k: int) -> list[str]:
+    return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1),
+            "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1",
+            "--speculative-ngram-max-trie-depth", "18"]
+
+
+class Server:
+    """One SGLang server via the patch launcher; torn down on exit."""
+
+    def __init__(self, model: str, args: list[str], patches: list[str], env: dict[str, str], log: Path):
+        self.port = free_port()
+        self.log = log
+        full_env = {**os.environ, **env, "SPECWS_SGLANG_PATCHES": ",".join(patches), "SPECWS_SITE": "h200",
+                    "HF_HUB_OFFLINE": "1",
+                    "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        cmd = [sys.executable, "-m", "sglang_patches.launch", "--model-path", model, "--host", "127.0.0.1",
+               "--port", str(self.port), *H200_ARGS, *args]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=True, cwd=ROOT)
+
+    def wait_healthy(self, timeout: float = 400) -> float:
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return time.time() - t0
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"server not healthy after {timeout}s: {self.tail()}")
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
+        body = json.dumps({"input_ids": input_ids, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "temperature": 0.0}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.time()
+        with urllib.request.urlopen(req, timeout=300) as r:
+            out = json.loads(r.read())
+        out["latency_s"] = time.time() - t0
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+
+
+def telemetry_lines(folder: Path) -> int:
+    return sum(len(f.read_text().splitlines()) for f in folder.glob("experts-*.jsonl"))
+
+
+def telemetry_since(folder: Path, skip: int) -> list[dict]:
+    lines = [ln for f in sorted(folder.glob("experts-*.jsonl")) for ln in f.read_text().splitlines()]
+    return [json.loads(ln) for ln in lines[skip:] if ln.strip()]
+
+
+def summarise_telemetry(records: list[dict]) -> dict:
+    """Mean distinct experts per MoE layer per forward, by forward mode and by (mode, tokens per forward)."""
+    out: dict[str, dict] = {}
+    for r in records:
+        for key in (r["mode"], f"{r['mode']}@tokens={r['tokens']}@bs={r['bs']}"):
+            d = out.setdefault(key, {"forwards": 0, "sum": 0.0, "per_layer_sum": None})
+            d["forwards"] += 1
+            d["sum"] += statistics.fmean(r["distinct"])
+            d["per_layer_sum"] = [a + b for a, b in zip(d["per_layer_sum"], r["distinct"], strict=True)] \
+                if d["per_layer_sum"] else list(r["distinct"])
+    return {k: {"forwards": d["forwards"], "mean_distinct": d["sum"] / d["forwards"],
+                "per_layer": [x / d["forwards"] for x in d["per_layer_sum"]]} for k, d in out.items()}
+
+
+def run_pass(server: Server, prompts: list[dict], concurrency: int, max_new_tokens: int,
+             telemetry: Path | None) -> dict:
+    skip = telemetry_lines(telemetry) if telemetry else 0
+    t0 = time.time()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: server.generate(p["token_ids"], max_new_tokens), prompts))
+    wall = time.time() - t0
+    requests = []
+    for p, r in zip(prompts, results, strict=True):
+        meta = r.get("meta_info", {})
+        requests.append({"id": p["id"], "output_ids": r.get("output_ids"), "text": r.get("text"),
+                         "completion_tokens": meta.get("completion_tokens"),
+                         "spec_verify_ct": meta.get("spec_verify_ct"),
+                         "spec_accept_length": meta.get("spec_accept_length"), "latency_s": r["latency_s"]})
+    tokens = sum(q["completion_tokens"] or 0 for q in requests)
+    accept = [q["spec_accept_length"] for q in requests if q["spec_accept_length"] is not None]
+    verify = sum(q["spec_verify_ct"] or 0 for q in requests)
+    out = {"concurrency": concurrency, "wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall,
+           "accept_length_mean_per_request": statistics.fmean(accept) if accept else None,
+           "accept_length_tokens_per_verify": tokens / verify if verify else None, "requests": requests}
+    if telemetry:
+        recs = telemetry_since(telemetry, skip)
+        out["telemetry"] = summarise_telemetry(recs)
+        out["telemetry_forwards"] = len(recs)
+    return out
+
+
+def warm(server: Server, prompts: list[dict], max_new_tokens: int) -> None:
+    for p in prompts[:2]:
+        server.generate(p["token_ids"], max_new_tokens)
+
+
+def phase_decode(a, prompts, out: Path) -> dict:
+    tel = out / "decode-telemetry"
+    server = Server(a.model, ["--disable-cuda-graph"], ["expert_telemetry"],
+                    {"SPECWS_EXPERT_TELEMETRY_DIR": str(tel)}, out / "logs" / "decode.log")
+    result = {"phase": "decode", "cmd": server.cmd, "passes": []}
+    try:
+        result["healthy_after_s"] = server.wait_healthy()
+        warm(server, prompts, a.max_new_tokens)
+        for c in a.concurrency:
+            result["passes"].append(run_pass(server, prompts, c, a.max_new_tokens, tel))
+            print(f"decode c={c}: {result['passes'][-1]['tok_s']:.1f} tok/s", flush=True)
+    except Exception as exc:  # noqa: BLE001 - recorded, the phase goes on
+        result["error"] = f"{exc!r}"
+    finally:
+        server.stop()
+    return result
+
+
+def phase_ngram(a, prompts, out: Path) -> dict:
+    result = {"phase": "ngram", "configs": []}
+    for k in a.ks:
+        tel = out / f"ngram-k{k}-telemetry"
+        budget_file = out / f"ngram-k{k}-budget.txt"
+        budget_file.parent.mkdir(parents=True, exist_ok=True)
+        budget_file.write_text(str(a.budgets[0]))
+        server = Server(a.model, ["--disable-cuda-graph", *ngram_args(k)], ["moe_budget", "expert_telemetry"],
+                        {"SPECWS_EXPERT_TELEMETRY_DIR": str(tel), "SPECWS_MOE_EXPERT_BUDGET_FILE": str(budget_file)},
+                        out / "logs" / f"ngram-k{k}.log")
+        cfg = {"k": k, "cmd": server.cmd, "passes": []}
+        result["configs"].append(cfg)
+        try:
+            cfg["healthy_after_s"] = server.wait_healthy()
+            budgets = a.budgets if k == a.budget_k else a.budgets[:1]
+            for b in budgets:
+                budget_file.write_text(str(b))
+                time.sleep(0.05)
+                warm(server, prompts, a.max_new_tokens)
+                for c in a.concurrency:
+                    p = run_pass(server, prompts, c, a.max_new_tokens, tel)
+                    p["budget"] = b
+                    cfg["passes"].append(p)
+                    print(f"ngram k={k} B={b} c={c}: {p['tok_s']:.1f} tok/s, accept "
+                          f"{p['accept_length_tokens_per_verify']}", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            cfg["error"] = f"{exc!r}"
+        finally:
+            server.stop()
+    return result
+
+
+def phase_graphs(a, prompts, out: Path) -> dict:
+    result = {"phase": "graphs", "k": a.graph_k, "configs": []}
+    for b in a.budgets:
+        server = Server(a.model, ngram_args(a.graph_k), ["moe_budget"], {"SPECWS_MOE_EXPERT_BUDGET": str(b)},
+                        out / "logs" / f"graphs-B{b}.log")
+        cfg = {"budget": b, "cmd": server.cmd, "passes": []}
+        result["configs"].append(cfg)
+        try:
+            cfg["healthy_after_s"] = server.wait_healthy()
+            warm(server, prompts, a.max_new_tokens)
+            for c in a.concurrency:
+                cfg["passes"].append(run_pass(server, prompts, c, a.max_new_tokens, None))
+                print(f"graphs B={b} c={c}: {cfg['passes'][-1]['tok_s']:.1f} tok/s", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            cfg["error"] = f"{exc!r}"
+        finally:
+            server.stop()
+    return result
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "moe-h200-out")))
+    p.add_argument("--phase", choices=["decode", "ngram", "graphs"], required=True)
+    p.add_argument("--ks", type=ints, default=[2, 4, 8], help="draft tokens per verify (NGRAM)")
+    p.add_argument("--budgets", type=ints, default=[32, 16, 8, 4, 2], help="first = number of experts")
+    p.add_argument("--budget-k", type=int, default=4, help="the k whose server sweeps the budget grid")
+    p.add_argument("--graph-k", type=int, default=4)
+    p.add_argument("--concurrency", type=ints, default=[1, 4, 8])
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--limit", type=int, default=0, help="first N prompts only")
+    a = p.parse_args(argv)
+    prompts = json.loads(PROMPTS.read_text())["prompts"]
+    prompts = prompts[:a.limit] if a.limit else prompts
+    a.out.mkdir(parents=True, exist_ok=True)
+    run = {"decode": phase_decode, "ngram": phase_ngram, "graphs": phase_graphs}[a.phase]
+    t0 = time.time()
+    result = run(a, prompts, a.out)
+    result.update({"model": a.model, "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency,
+                   "seconds": time.time() - t0})
+    (a.out / f"{a.phase}.json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {a.out / (a.phase + '.json')} in {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

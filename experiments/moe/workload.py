@@ -1,0 +1,39 @@
+"""The prompts the small MoE is measured on: the workspace's own prompt sets (chat, grounded, reasoning),
+templated with SmolLM2's tokenizer (the small MoE shares it). `python -m experiments.moe.workload` writes them
+as token ids to experiments/moe/prompts.json, which the H200 script reads (no tokenizer needed there) and the
+offline telemetry uses too, so both sides see the same inputs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.moe.model import smollm2_dir
+
+PROMPT_FILE = Path(__file__).with_name("prompts.json")
+PROMPT_SETS = ("chat", "grounded", "reasoning")
+
+
+def build_prompts(tokenizer_path: Path | None = None) -> list[dict]:
+    from experiments.prompts import load_prompts
+
+    out = []
+    for name in PROMPT_SETS:
+        for p in load_prompts(name, str(tokenizer_path or smollm2_dir())):
+            out.append({"id": f"{name}/{p.id}", "set": name, "token_ids": list(p.token_ids)})
+    return out
+
+
+def load() -> list[dict]:
+    return json.loads(PROMPT_FILE.read_text())["prompts"]
+
+
+def main() -> int:
+    prompts = build_prompts()
+    PROMPT_FILE.write_text(json.dumps({"tokenizer": "SmolLM2-135M-Instruct (chat template, generation prompt)",
+                                       "sets": list(PROMPT_SETS), "prompts": prompts}) + "\n")
+    print(f"wrote {len(prompts)} prompts to {PROMPT_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
