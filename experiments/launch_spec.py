@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import socket
 from dataclasses import dataclass, field
 
@@ -42,6 +43,9 @@ class LaunchSpec:
         return {"engine": self.engine, "argv": self.argv, "env": self.env, "key": self.key}
 
 
+PORT_RANGE = (20000, 32000)
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -55,15 +59,23 @@ def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
     """`preferred` when it is free, otherwise a port the kernel hands out as free right now."""
     if preferred and port_is_free(preferred, host):
         return preferred
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    # Not the kernel's ephemeral range (32768-60999): SGLang derives more ports from this one (0.5.14 refused
+    # SGLANG_GRPC_PORT = port + 10000 > 65535).
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(*PORT_RANGE)
+        if port_is_free(port, host):
+            return port
+    raise OSError(f"no free port in {PORT_RANGE} on {host}")
 
 
 def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     adapter = adapter_for(cfg.engine.name)
     site_args = list(cfg.site.engine_args.get(cfg.engine.name) or [])
-    args = [*adapter.model_args(cfg), *site_args, *adapter.spec_args(cfg), *cfg.engine.extra_args]
+    args = [str(a) for a in [*adapter.model_args(cfg), *site_args, *adapter.spec_args(cfg), *cfg.engine.extra_args]]
+    # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
+    if hasattr(adapter, "args_for_installed_version"):
+        args = adapter.args_for_installed_version(cfg.engine.python, args)
     env = {**OmegaConf.to_container(cfg.engine.env), **OmegaConf.to_container(cfg.site.env)}
     if cfg.engine.module == "sglang_patches.launch":   # the patch launcher in front of SGLang's entry point
         from sglang_patches.launch import launcher_env

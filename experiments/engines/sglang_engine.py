@@ -1,6 +1,7 @@
 """SGLang adapter: /generate streaming with input ids, acceptance from per-request meta_info."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from experiments.engines.base import TOPK, Acceptance, EngineAdapter, StreamDelta, Validation
+from experiments.engines.sglang_versions import flags_for_version, installed_sglang
 
 CHECK_SCRIPT = Path(__file__).with_name("sglang_check.py")
 
@@ -37,20 +39,46 @@ class SGLangAdapter(EngineAdapter):
                 "--speculative-eagle-topk", str(spec.topk),
                 "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
 
+    def args_for_installed_version(self, python: str, args: list[str]) -> list[str]:
+        """Flags renamed between releases, spelled as the SGLang that `python` imports knows them."""
+        installed = installed_sglang(_interpreter(python))
+        return flags_for_version(args, installed.version) if installed else list(args)
+
     def validate(self, python: str, args: list[str]) -> Validation:
         """SGLang's own ServerArgs parser + post-init checks, in the interpreter that will serve."""
-        if python in (sys.executable, "python", "python3") and _importable("sglang"):
-            from experiments.engines.sglang_check import check
-            return Validation(**check(args))
+        return self.validate_many(python, [args])[0]
+
+    def validate_many(self, python: str, argvs: list[list[str]]) -> list[Validation]:
+        """One parser start for several command lines. In this process when `python` imports the very
+        SGLang this process imports; otherwise in `python` itself."""
+        python = _interpreter(python)
+        installed = installed_sglang(python)
+        if installed is None:
+            return [Validation(False, "absent", f"{python} cannot import sglang (SGLANG_PYTHON / PYTHONPATH)")
+                    for _ in argvs]
+        here = importlib.util.find_spec("sglang")
+        if here is not None and here.origin == installed.origin:
+            from experiments.engines.sglang_check import check_many
+            results = check_many(argvs)
+        else:
+            results = self._check_in(python, argvs)
+        out = [Validation(r["ok"], r["version"], r["error"]) for r in results]
+        for v in out:
+            if v.ok and v.version != installed.version:  # a spec built for one release, checked by another
+                v.ok, v.error = False, (f"{python} has sglang {installed.version} installed but its parser "
+                                        f"reports {v.version}")
+        return out
+
+    @staticmethod
+    def _check_in(python: str, argvs: list[list[str]]) -> list[dict]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.run([python, str(CHECK_SCRIPT), *args], capture_output=True, text=True,
-                              timeout=300, env=env)
+        proc = subprocess.run([python, str(CHECK_SCRIPT), "--batch"], input=json.dumps(argvs),
+                              capture_output=True, text=True, timeout=300, env=env)
         lines = proc.stdout.strip().splitlines()
         if not lines:
-            return Validation(False, "unknown", f"SGLang parser could not run with {python}: "
-                              f"{proc.stderr.strip()[-800:]}")
-        out = json.loads(lines[-1])
-        return Validation(out["ok"], out["version"], out["error"])
+            error = f"SGLang parser could not run with {python}: {proc.stderr.strip()[-800:]}"
+            return [{"ok": False, "version": "unknown", "error": error} for _ in argvs]
+        return json.loads(lines[-1])
 
     def stream_request(self, prompt_ids, max_tokens, temperature, model):
         return "/generate", {"input_ids": prompt_ids, "stream": True,
@@ -97,7 +125,10 @@ class SGLangAdapter(EngineAdapter):
                           length_histogram=hist)
 
 
-def _importable(module: str) -> bool:
-    import importlib.util
-    return importlib.util.find_spec(module) is not None
 
+def _interpreter(python: str) -> str:
+    """A bare `python`/`python3` (the engine config's default without SGLANG_PYTHON) means the interpreter
+    running the workspace when that one imports SGLang (the H200 host: python3 with the bundle on PYTHONPATH)."""
+    if python in ("python", "python3") and importlib.util.find_spec("sglang") is not None:
+        return sys.executable
+    return python
