@@ -23,6 +23,8 @@ def check_option(cfg: DictConfig) -> None:
         raise Refused("choose an experiment with +option=X, X one of baseline, A, B, C, D, E "
                       "(conf/option/)")
     opt = cfg.option
+    if cfg.spec.get("moe_expert_budget") is not None:
+        check_moe_model(cfg)
     if opt.missing:
         raise Refused(f"option {opt.name} ({opt.title}) cannot run yet: {opt.missing}")
     site_engines = list(cfg.site.engines)
@@ -42,6 +44,21 @@ def check_option(cfg: DictConfig) -> None:
         raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {cfg.model.name}, and none is "
                       f"configured (model.drafters.eagle3 is empty): train one with +option=D "
                       f"(issue 3) or set spec.draft_model=/path/to/head")
+
+
+def check_moe_model(cfg: DictConfig) -> None:
+    """An expert budget needs routed experts: a model whose config.json is here and has none is refused by name
+    (a model not on this machine, e.g. the box's Kimi-K2.5 from here, is checked where it is served)."""
+    from sglang_patches import PatchRefused
+    from sglang_patches.moe_budget import refuse_unless_moe
+
+    config = Path(str(cfg.model.path)) / "config.json"
+    if config.exists():
+        try:
+            refuse_unless_moe(json.loads(config.read_text()))
+        except PatchRefused as exc:
+            raise Refused(f"option {cfg.option.name} needs a MoE model; model {cfg.model.name}: {exc} "
+                          f"(the small MoE: model=tiny_moe_dsv3)") from None
 
 
 def check_assets(cfg: DictConfig) -> None:

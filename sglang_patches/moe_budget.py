@@ -79,10 +79,12 @@ def budget_topk(topk_weights: torch.Tensor, topk_ids: torch.Tensor, router_logit
     fill_val, fill_ids = choice.topk(min(k, num_experts), dim=1)
     slot = (~survived).long().cumsum(1) - 1                      # n-th dropped slot takes the n-th substitute
     slot = slot.clamp(min=0, max=fill_ids.shape[1] - 1)
-    sub_ids = fill_ids.gather(1, slot)
     sub_ok = fill_val.gather(1, slot) > float("-inf")
+    # A slot left empty (fewer than k kept experts for this token) points at the top kept expert with weight 0,
+    # so that no expert outside the budget is touched (the fused MoE moves the weights of every id it sees).
+    sub_ids = torch.where(sub_ok, fill_ids.gather(1, slot), rank_key.argmax())
     new_ids = torch.where(survived, safe_ids, sub_ids)
-    live = survived | sub_ok                                     # slots left empty when fewer than k experts remain
+    live = survived | sub_ok
     new_scores = scores.gather(1, new_ids) * live
     total = torch.where(routed, weights, 0.0).sum(1, keepdim=True)
     new_weights = new_scores / new_scores.sum(1, keepdim=True).clamp(min=1e-20) * total

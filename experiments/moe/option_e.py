@@ -1,0 +1,125 @@
+"""Option E offline on a CPU site: `python -m experiments.moe.option_e [-m] [spec.moe_expert_budget=2,4,8,16,32]`.
+
+The same Hydra config tree as `experiments.run` (`+option=E model=tiny_moe_dsv3` are added unless given);
+SGLang cannot serve here, so the budget is applied in the HF forward of the small MoE: greedy speculative
+decoding with n-gram (prompt-lookup) drafts of `spec.num_draft_tokens` tokens, every verification forward's
+routing restricted by `sglang_patches.moe_budget.budget_topk` (the function the SGLang patch applies), decode
+untouched. Per B one MLflow run (`E-offline`; a multirun adds the sweep parent with its plot): distinct
+experts per MoE layer per verification step, accept length (tokens per verification step), agreement with
+the unbudgeted speculative output and with plain greedy output, and tok/s of this CPU loop (eager HF on 1
+thread: a relative number between budgets, not serving speed).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from experiments import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.measure import console
+from experiments.moe.routing import SpecResult, agreement, greedy_continuations, mean, speculative_greedy
+from experiments.preflight import Refused, check_moe_model
+from experiments.tracking import PARENT_ENV, flatten, log_params, run_tags, setup
+
+# Unbudgeted references are shared by the jobs of one multirun (same process).
+_cache: dict[tuple, object] = {}
+
+
+def _cached(key: tuple, make):
+    if key not in _cache:
+        _cache[key] = make()
+    return _cache[key]
+
+
+def _summary(results: list[SpecResult]) -> dict[str, float]:
+    steps = sum(r.verify_steps for r in results)
+    tokens = sum(len(r.output) for r in results)
+    distinct = [d for r in results for step in r.distinct for d in step]
+    return {"distinct_experts_verify": mean(distinct), "distinct_experts_verify_max": float(max(distinct)),
+            "accept_length": tokens / steps, "output_tokens": float(tokens), "verify_steps": float(steps),
+            "tok_s": tokens / sum(r.seconds for r in results)}
+
+
+def run_offline(cfg: DictConfig) -> dict:
+    from experiments.moe.model import load_model
+    from experiments.prompts import load_prompts
+
+    if cfg.option is None or cfg.option.name != "E":
+        raise Refused("experiments.moe.option_e runs option E only (+option=E)")
+    check_moe_model(cfg)
+    path = str(cfg.model.path)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise Refused(f"model {cfg.model.name} not found at {path}: build it with python -m experiments.moe.build")
+    budget, k = int(cfg.spec.moe_expert_budget), int(cfg.spec.num_draft_tokens)
+    max_new = int(cfg.workload.max_tokens)
+    torch.set_num_threads(1)
+    model = _cached(("model", path), lambda: load_model(path))
+    num_experts = model.config.n_routed_experts
+    if budget < 1:
+        raise Refused(f"spec.moe_expert_budget must be >= 1, got {budget}")
+    prompts = load_prompts(str(cfg.workload.prompt_set), path, cfg.workload.get("num_prompts"))
+    eos = model.config.eos_token_id
+    ids = [p.token_ids for p in prompts]
+    base = ("ref", path, str(cfg.workload.prompt_set), max_new)
+    greedy = _cached(base + ("greedy",), lambda: greedy_continuations(model, ids, max_new, eos))
+    free = _cached(base + ("spec", k), lambda: [speculative_greedy(model, p, max_new, k, None, eos) for p in ids])
+    budgeted = [speculative_greedy(model, p, max_new, k, budget, eos) for p in ids]
+    metrics = {f"{key}": v for key, v in _summary(budgeted).items()}
+    metrics |= {f"unbudgeted/{key}": v for key, v in _summary(free).items()}
+    pairs = list(zip(budgeted, free, greedy, strict=True))
+    metrics |= {"agreement_vs_unbudgeted": mean([agreement(b.output, f.output) for b, f, _ in pairs]),
+                "identical_vs_unbudgeted": mean([float(b.output == f.output) for b, f, _ in pairs]),
+                "agreement_vs_greedy": mean([agreement(b.output, g) for b, _, g in pairs]),
+                "unbudgeted/agreement_vs_greedy": mean([agreement(f.output, g) for _, f, g in pairs]),
+                "budget_fraction": budget / num_experts}
+    client, exp_id = setup(cfg)
+    tags = run_tags(cfg, "hf-offline", "measure") | {"specws.spec_method": "ngram (offline, HF forward)",
+                                                      "mlflow.runName": f"E-offline-B{budget}"}
+    if os.environ.get(PARENT_ENV):
+        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+    run_id = client.create_run(exp_id, run_name=f"E-offline-B{budget}", tags=tags).info.run_id
+    log_params(client, run_id, flatten(cfg))
+    for key, value in metrics.items():
+        client.log_metric(run_id, key, float(value))
+    client.log_dict(run_id, {"prompts": [p.id for p in prompts], "budget": budget, "k": k,
+                             "per_prompt": [{"id": p.id, "tokens": len(b.output), "verify_steps": b.verify_steps,
+                                             "agreement_vs_unbudgeted": agreement(b.output, f.output),
+                                             "distinct_per_step": b.distinct}
+                                            for p, b, f in zip(prompts, budgeted, free, strict=True)]}, "option_e.json")
+    client.set_terminated(run_id, "FINISHED")
+    m = metrics
+    console.print(f"E offline B={budget}/{num_experts} k={k}: distinct experts/layer/verify "
+                  f"{m['distinct_experts_verify']:.2f} (unbudgeted {m['unbudgeted/distinct_experts_verify']:.2f}), "
+                  f"accept length {m['accept_length']:.2f} ({m['unbudgeted/accept_length']:.2f}), agreement "
+                  f"{m['agreement_vs_unbudgeted']:.3f}, identical {m['identical_vs_unbudgeted']:.2f}, "
+                  f"{m['tok_s']:.1f} tok/s ({m['unbudgeted/tok_s']:.1f}) — run {run_id}")
+    return {"run_id": run_id, **metrics}
+
+
+@hydra.main(config_path="../../conf", config_name="config", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    t0 = time.time()
+    try:
+        run_offline(cfg)
+    except Refused as exc:
+        console.print(f"[red]refused:[/] {exc}")
+        sys.exit(2)
+    console.print(f"done in {time.time() - t0:.0f}s")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if not any(a.startswith("+option=") for a in args):
+        args.append("+option=E")
+    if not any(a.startswith("model=") for a in args):
+        args.append("model=tiny_moe_dsv3")
+    sys.argv = [sys.argv[0], *args]
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
