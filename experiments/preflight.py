@@ -23,10 +23,10 @@ def check_option(cfg: DictConfig) -> None:
         raise Refused("choose an experiment with +option=X, X one of baseline, A, B, C, D, E "
                       "(conf/option/)")
     opt = cfg.option
-    if cfg.spec.get("moe_expert_budget") is not None:
-        check_moe_model(cfg)
     if opt.missing:
         raise Refused(f"option {opt.name} ({opt.title}) cannot run yet: {opt.missing}")
+    if cfg.spec.get("moe_expert_budget") is not None:
+        check_moe_model(cfg)
     site_engines = list(cfg.site.engines)
     if opt.engine and opt.engine not in site_engines:
         alt = opt.get("alternative")
