@@ -26,6 +26,8 @@ def install(dst: Path | None = None, force: bool = False) -> dict[str, Path] | N
     dst = Path(dst) if dst else eagle3_cache() / "heads" / "smollm2_135m"
     if (dst / "model.safetensors").exists() and not force:
         return None
+    if not (ARTIFACT / "model.safetensors").exists():
+        raise FileNotFoundError(f"no committed head at {ARTIFACT}: train one with +option=D")
     return copy_head(ARTIFACT, dst)
 
 
@@ -52,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("src", type=Path)
     a = p.parse_args(argv)
     if a.cmd == "install":
-        done = install(a.dst, a.force)
+        try:
+            done = install(a.dst, a.force)
+        except FileNotFoundError as exc:
+            print(f"eagle3 head: {exc}")
+            return 0
         print(f"eagle3 head installed: {done['vllm']} and {done['sglang']}" if done
               else "eagle3 head: the cache already has one (--force replaces it)")
     else:
