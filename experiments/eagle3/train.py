@@ -46,6 +46,7 @@ class TrainSettings:
     compile: bool = False             # torch.compile the unroll and loss: minutes of compiling on 2 cores, no gain
     seed: int = 0
     device: str = "cpu"               # where the head trains; the features must already be there
+    keep_best: bool = True            # end with the weights of the best validation accept length seen
 
 
 def split_sequences(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -210,6 +211,7 @@ def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Te
     weights = [s.loss_decay ** k for k in range(s.ttt_steps)]
     run_acc = [0.0] * s.ttt_steps
     stopped = False
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
     progress(f"eagle3 train: {len(train_seqs)} train / {len(val_seqs)} val sequences, {n_resp} answer tokens, "
              f"{len(train_b)} batches/epoch, draft vocab {cfg.draft_vocab_size} covers {coverage:.3f} of val tokens")
     while total is None or step < total:
@@ -257,14 +259,23 @@ def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Te
             ev = evaluate(comp.eager(), val_b, teacher_w, s.ttt_steps, s.bf16)
             for name, v in ev.items():
                 log(f"val/{name}", v, step)
+            if s.keep_best and (best is None or ev["accept_length_est"] > best[0]):
+                best = (ev["accept_length_est"], step, {k: v.detach().clone() for k, v in head.state_dict().items()})
             progress(f"eagle3 train: step {step}/{total} {time.time() - t0:.0f}s loss {float(loss.detach()):.3f} "
                      "val acc "
                      + "/".join(f"{ev[f'acc_{k}']:.3f}" for k in range(s.ttt_steps))
                      + f" accept≈{ev['accept_length_est']:.2f}")
     ev = evaluate(comp.eager(), val_b, teacher_w, s.ttt_steps, s.bf16)
+    best_step = step
+    if best is not None and best[0] > ev["accept_length_est"]:     # over-fitted since: back to the best
+        head.load_state_dict(best[2])
+        best_step = best[1]
+        ev = evaluate(comp.eager(), val_b, teacher_w, s.ttt_steps, s.bf16)
+        progress(f"eagle3 train: kept the weights of step {best_step} (val accept≈{ev['accept_length_est']:.2f})")
     for name, v in ev.items():
         log(f"val/{name}", v, step)
-    metrics = {**{f"val_{k}": v for k, v in ev.items()}, **{f"train_acc_{k}": v for k, v in enumerate(run_acc)},
+    metrics = {"best_step": best_step, **{f"val_{k}": v for k, v in ev.items()},
+               **{f"train_acc_{k}": v for k, v in enumerate(run_acc)},
                "steps": step, "train_seconds": time.time() - t0, "stopped_by_budget": stopped,
                "draft_vocab_coverage": coverage, "train_sequences": len(train_seqs), "val_sequences": len(val_seqs),
                "train_answer_tokens": n_resp, "settings": asdict(s)}
