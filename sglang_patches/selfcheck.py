@@ -91,8 +91,29 @@ def _first(*candidates: str):
     raise ImportError("; ".join(errors))
 
 
+def _ensure_global_server_args() -> None:
+    """SGLang >= 0.5.14's MoE kernels read the scheduler's global ServerArgs, which a bare process lacks: set
+    SGLang's own defaults (parsed, not post-initialised, so nothing is resolved or fetched)."""
+    import argparse
+
+    import sglang.srt.server_args as sa
+    if not hasattr(sa, "set_global_server_args_for_scheduler"):
+        return
+    try:
+        sa.get_global_server_args()
+        return
+    except ValueError:
+        pass
+    parser = argparse.ArgumentParser()
+    sa.ServerArgs.add_cli_args(parser)
+    args = object.__new__(sa.ServerArgs)
+    args.__dict__.update(vars(parser.parse_args(["--model-path", "selfcheck"])))
+    sa.set_global_server_args_for_scheduler(args)
+
+
 def triton_w4a16(p: Problem) -> torch.Tensor:
     """SGLang's Triton fused MoE with use_int4_w4a16, weights converted as CompressedTensorsWNA16TritonMoE does."""
+    _ensure_global_server_args()
     fused_experts = _first("sglang.srt.layers.moe.fused_moe_triton:fused_experts",
                            "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:fused_experts")
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
@@ -109,6 +130,7 @@ def triton_w4a16(p: Problem) -> torch.Tensor:
 
 def marlin_w4a16(p: Problem) -> torch.Tensor:
     """SGLang's fused Marlin MoE, weights repacked as CompressedTensorsWNA16MoE.process_weights_after_loading does."""
+    _ensure_global_server_args()
     fused_marlin_moe = _first("sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe:fused_marlin_moe")
     repack = _first("sglang.srt.hardware_backend.gpu.quantization.gptq_kernels:gptq_marlin_moe_repack",
                     "sglang.srt.layers.quantization.gptq:gptq_marlin_moe_repack",
