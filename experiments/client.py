@@ -4,10 +4,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import aiohttp
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from experiments.engines.base import EngineAdapter
@@ -58,9 +58,11 @@ class WorkloadRunner:
         return asyncio.run(self._run(prompts, levels, repetitions, warmup))
 
     async def _run(self, prompts, levels, repetitions, warmup) -> list[LevelResult]:
-        limits = httpx.Limits(max_connections=max(levels) + 2)
-        async with httpx.AsyncClient(base_url=self.server.base_url, timeout=self.timeout_s,
-                                     limits=limits) as client:
+        # aiohttp, not httpx: its line reader sustains several times the streamed-token rate at a fraction
+        # of the CPU (bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        async with aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
+                                         connector=aiohttp.TCPConnector(limit=max(levels) + 2, ssl=False)) as client:
             for p in prompts[:warmup]:
                 await self._request(client, RequestRecord(0, 0, p.id, p.token_ids), time.perf_counter())
             results = []
@@ -83,8 +85,8 @@ class WorkloadRunner:
                 rec = RequestRecord(level, rep, prompt.id, prompt.token_ids)
                 await self._request(client, rec, t0)
                 records.append(rec)
-                with self.records_path.open("a") as f:
-                    f.write(json.dumps(asdict(rec)) + "\n")
+                with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
+                    f.write(json.dumps(vars(rec)) + "\n")
                 progress.advance(task)
 
         work = asyncio.gather(*(one(rep, p) for rep, p in jobs))
@@ -107,31 +109,33 @@ class WorkloadRunner:
             await asyncio.sleep(0.5)
             self.server.check_alive()
 
-    async def _scrape(self, client: httpx.AsyncClient) -> dict | None:
+    async def _scrape(self, client: aiohttp.ClientSession) -> dict | None:
         try:
-            resp = await client.get("/metrics")
-        except httpx.HTTPError:
+            async with client.get("/metrics") as resp:
+                text = await resp.text() if resp.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError):
             return None
-        return self.adapter.metrics_snapshot(resp.text if resp.status_code == 200 else None)
+        return self.adapter.metrics_snapshot(text)
 
-    async def _request(self, client: httpx.AsyncClient, rec: RequestRecord, t0: float) -> None:
+    async def _request(self, client: aiohttp.ClientSession, rec: RequestRecord, t0: float) -> None:
         path, body = self.adapter.stream_request(rec.prompt_token_ids, self.max_tokens,
                                                  self.temperature, self.model)
         start = time.perf_counter()
         rec.start_s = start - t0
         try:
-            async with client.stream("POST", path, json=body) as resp:
-                if resp.status_code != 200:
-                    rec.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:300]}"
+            async with client.post(path, json=body) as resp:
+                if resp.status != 200:
+                    rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                     return
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                async for raw in resp.content:   # one SSE line at a time
+                    now = time.perf_counter() - start   # arrival, before any parsing
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
+                    if data == b"[DONE]":
                         break
                     delta = self.adapter.parse_event(json.loads(data), len(rec.output_token_ids))
-                    now = time.perf_counter() - start
                     if delta.token_ids:
                         if rec.ttft_s is None:
                             rec.ttft_s = now
@@ -142,7 +146,7 @@ class WorkloadRunner:
                     if delta.meta is not None:
                         rec.meta = delta.meta
             rec.e2e_s = time.perf_counter() - start
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: JSON, line size
             rec.error = f"{type(exc).__name__}: {exc}"
             # a failed request is often the first sign of a dying server: stop the level then,
             # instead of firing the remaining requests at a closed port
