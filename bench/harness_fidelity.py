@@ -90,12 +90,13 @@ SCENARIOS = {"schedule": {"ttft_ms": 20.0, "itl_ms": 5.0, "concurrency": 8},
 class LoopbackProcess:
     """The loopback server in its own process group; quacks like experiments.server.Server for the runner."""
 
-    def __init__(self, ttft_ms: float, itl_ms: float):
+    def __init__(self, ttft_ms: float, itl_ms: float, tokens_per_event: int = 1):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(self.port), "--ttft-ms",
-                                      str(ttft_ms), "--itl-ms", str(itl_ms)], start_new_session=True)
+                                      str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens-per-event",
+                                      str(tokens_per_event)], start_new_session=True)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
