@@ -133,6 +133,21 @@ class BoxProfile:
         return sum(self.components_ms(c, q).values())
 
 
+def load_expert_curve(path: Path, experts: int, top_k: int) -> list[float]:
+    """Distinct experts per MoE layer at 1, 2, ... tokens per step, from a JSON list or from the telemetry
+    file experiments/moe writes ({num_experts, top_k, growth: [{tokens_per_step, mean_distinct}]}). A curve
+    measured on a different MoE is carried over as its ratio to uniform routing at each token count."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, list):
+        return [float(v) for v in data]
+    points = sorted((int(p["tokens_per_step"]), float(p["mean_distinct"])) for p in data["growth"])
+    n = np.arange(1, points[-1][0] + 1)
+    measured = np.interp(n, [p[0] for p in points], [p[1] for p in points])
+    e, k = int(data.get("num_experts", experts)), int(data.get("top_k", top_k))
+    ratio = measured / np.array([expected_distinct_experts(x, e, k) for x in n])
+    return [float(r * expected_distinct_experts(x, experts, top_k)) for r, x in zip(ratio, n, strict=True)]
+
+
 @dataclass
 class Prediction:
     concurrency: int
@@ -396,7 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--tokens-per-step", type=float, nargs="+", default=[1.5, 2.0, 2.5, 3.0, 3.5])
     b.add_argument("--k", type=int, default=4)
     b.add_argument("--draft-step-cost", type=float, default=0.0)
-    b.add_argument("--expert-curve", type=Path, default=None, help="JSON list: distinct experts at 1, 2, ... tokens")
+    b.add_argument("--expert-curve", type=Path, default=None,
+                   help="JSON list (distinct experts at 1, 2, ... tokens) or experiments/moe/expert_growth.json")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     args = ap.parse_args(argv)
     if args.cmd == "table":
@@ -422,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
             if "error" in r:
                 print(f"not predicted: {r['run'][:8]}: {r['error']}")
         return
-    curve = json.loads(args.expert_curve.read_text()) if args.expert_curve else None
+    curve = load_expert_curve(args.expert_curve, BoxProfile.experts, BoxProfile.top_k) if args.expert_curve else None
     box = BoxProfile(expert_curve=curve)
     base128 = box.step_ms(box.plateau_concurrency, 1.0)
     print(f"box profile: single stream {box.t1_ms:.2f} ms/step; at c={box.plateau_concurrency} the components give "
