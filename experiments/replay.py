@@ -349,6 +349,18 @@ def engine_config(run) -> tuple[NgramConfig, int] | None:
     return cfg, int(p.get("model.max_model_len") or DEFAULT_MAX_MODEL_LEN)
 
 
+def sglang_approximation(run) -> NgramConfig | None:
+    """SGLang's NGRAM drafts a BFS tree from a trie over prompts and outputs of all requests (its C++ cache
+    needs a JIT toolchain that does not import on this CPU). Approximated by one prompt-lookup chain per
+    request: matches up to max_trie_depth, the tree's num_draft_tokens - 1 tokens as the chain. A chain sees
+    less than the tree and the shared trie, so the replay is a lower bound; the gap is reported."""
+    p = run.data.params
+    if p.get("spec.method") != "ngram" or p.get("engine.name") != "sglang":
+        return None
+    depth = int(p.get("spec.ngram.max_trie_depth") or 18)
+    return NgramConfig(1, depth, max(1, int(p["spec.num_draft_tokens"]) - 1))
+
+
 def agreement(run, result: dict, seqs: list[ReplaySequence]) -> dict[str, float]:
     """Replay vs the engine's Prometheus counters (whole window) and, where the client saw one chunk per
     engine step, the per-step emitted tokens."""
@@ -489,12 +501,23 @@ def main(argv: list[str] | None = None) -> int:
     max_model_len = args.max_model_len or (served[1] if served else DEFAULT_MAX_MODEL_LEN)
     if served and served[0] not in configs:
         configs.append(served[0])
+    approx = sglang_approximation(source.run) if source.run is not None else None
+    if approx and approx not in configs:
+        configs.append(approx)
     results = replay_workload(source.sequences, configs, max_model_len)
     engine_cmp: dict[str, float] = {}
     if served:
         res = results[served[0]] | {"config": served[0], "max_model_len": max_model_len}
         engine_cmp = agreement(source.run, res, source.sequences)
         console.print(f"engine config {served[0].label}: " + ", ".join(f"{k}={v:.4g}" for k, v in engine_cmp.items()))
+    if approx and "accept_length" in source.run.data.metrics:
+        # SGLang's accept length counts every verify step: compare with tokens per decode step
+        replayed = results[approx]["total"].metrics()["tokens_per_step"]
+        measured = source.run.data.metrics["accept_length"]
+        engine_cmp = {"sglang_approx_tokens_per_step": replayed, "engine_accept_length": measured,
+                      "sglang_approx_rel_error": abs(replayed - measured) / measured}
+        console.print(f"SGLang NGRAM approximated by {approx.label}: replay {replayed:.3f} tokens/step vs engine "
+                      f"accept length {measured:.3f}")
     for c in sorted(results, key=lambda c: -results[c]["total"].metrics()["tokens_per_step"])[:10]:
         m = results[c]["total"].metrics()
         console.print(f"{c.label:>20}: accept_length={m.get('accept_length', float('nan')):.3f} "
