@@ -268,3 +268,62 @@ def test_option_e_refusals():
         check_option(cfg)                                   # local site: no SGLang, the offline path is named
     with pytest.raises(Refused, match="model smollm2_135m: moe_budget: model type .llama. has no routed experts"):
         check_option(_compose("+option=E", "site=h200", "option.missing=null"))   # a dense model, by name
+
+
+@pytest.mark.slow
+def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path):
+    """vLLM's DeepSeek-V3 code (CPU MLA, CPU fused MoE with grouped sigmoid routing) serves the built model;
+    every greedy token it returns is HF's top-1 or a near-tie of it (bf16 serving vs fp32 reference)."""
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    from experiments.moe.model import load_model
+    from tests.conftest import VLLM_PYTHON
+
+    if not (model_dir() / "build.json").exists():
+        pytest.skip("the small MoE is not built here (python -m experiments.moe.build, ~15 min)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**__import__("os").environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto",
+           "HF_HUB_OFFLINE": "1"}
+    log = (tmp_path / "vllm.log").open("w")
+    proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir()),
+                             "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len",
+                             "1024", "--enforce-eager", "--served-model-name", "tiny"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    prompts = [p["token_ids"] for p in json.loads((ROOT / "experiments/moe/prompts.json").read_text())["prompts"][:3]]
+    try:
+        deadline = time.time() + 900
+        while True:
+            assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "vLLM did not become healthy"
+            time.sleep(3)
+        outputs = []
+        for ids in prompts:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300, json={
+                "model": "tiny", "prompt": ids, "max_tokens": 16, "temperature": 0, "return_token_ids": True})
+            r.raise_for_status()
+            outputs.append(r.json()["choices"][0]["token_ids"])
+    finally:
+        import os
+        import signal
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    model = load_model()
+    for ids, out in zip(prompts, outputs, strict=True):
+        assert len(out) == 16
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1: -1]
+        top2 = logits.topk(2, dim=-1)
+        for pos, tok in enumerate(out):
+            gap = float(top2.values[pos, 0] - logits[pos, tok])
+            assert gap <= 0.25, f"vLLM token {tok} at {pos} is {gap:.3f} below HF's top-1 {int(top2.indices[pos, 0])}"

@@ -146,3 +146,81 @@ def agreement(output: list[int], reference: list[int]) -> float:
 
 def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
+
+
+def teacher_continuations(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """SmolLM2-135M-Instruct's greedy answers (the text the small MoE was distilled from), cached by content."""
+    import hashlib
+    import json
+
+    from experiments.moe.model import load_model, smollm2_dir
+    from experiments.paths import cache_dir
+
+    key = hashlib.sha256(json.dumps([prompts, max_new_tokens]).encode()).hexdigest()[:16]
+    path = cache_dir() / "moe" / f"teacher-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    teacher = load_model(smollm2_dir())
+    out = greedy_continuations(teacher, prompts, max_new_tokens, teacher.generation_config.eos_token_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    return out
+
+
+@dataclass
+class AlongResult:
+    verify_steps: int
+    accepted_tokens: int            # draft tokens the (budgeted) model's greedy prediction accepted
+    positions: int                  # verified positions
+    agreeing_positions: int         # budgeted greedy prediction == unbudgeted greedy prediction
+    distinct: list[list[int]]       # per verify step, per layer (after the budget)
+    seconds: float
+
+
+@torch.no_grad()
+def verify_along(model, prompt: list[int], text: list[int], k: int, budget: int | None) -> AlongResult:
+    """Verification steps along a given continuation (teacher forcing): at each step the context is the
+    prompt plus the text so far, the drafts are n-gram proposals from it, and one forward verifies the last
+    token plus the drafts, with the budget applied to its routing; the step then advances along the text by
+    the accepted drafts + 1. Also runs the unbudgeted forward to compare greedy predictions position by position."""
+    from transformers import DynamicCache
+
+    routers = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+
+    def transform(i, logits, weights, ids):
+        return budget_topk(weights, ids, logits, budget, "sigmoid", routers[i].e_score_correction_bias)
+
+    t0 = time.time()
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
+    full = list(prompt) + list(text)
+    pos = len(prompt)                                    # next position to produce
+    steps = accepted = positions = agreeing = 0
+    distinct: list[list[int]] = []
+    while pos < len(full):
+        context = full[:pos]
+        drafts = ngram_draft(context, k)[: len(full) - pos]
+        tokens = torch.tensor([[context[-1], *drafts]])
+        base = cache.get_seq_length()
+        free_pred = model(input_ids=tokens, past_key_values=cache, use_cache=True).logits[0].argmax(-1)
+        cache.crop(-(cache.get_seq_length() - base))
+        if budget is not None:
+            with routing_hooks(model, transform) as trace:
+                pred = model(input_ids=tokens, past_key_values=cache, use_cache=True).logits[0].argmax(-1)
+            cache.crop(-(cache.get_seq_length() - base))
+        else:
+            with routing_hooks(model) as trace:
+                pred = model(input_ids=tokens, past_key_values=cache, use_cache=True).logits[0].argmax(-1)
+            cache.crop(-(cache.get_seq_length() - base))
+        distinct.append([int(torch.unique(ids[0]).numel()) for ids in trace.topk_ids])
+        n_ok = 0
+        while n_ok < len(drafts) and drafts[n_ok] == int(pred[n_ok]):
+            n_ok += 1
+        steps += 1
+        accepted += n_ok
+        positions += len(drafts) + 1
+        agreeing += int((pred == free_pred).sum())
+        advance = min(n_ok + 1, len(full) - pos)
+        model(input_ids=torch.tensor([full[pos - 1: pos - 1 + advance]]), past_key_values=cache, use_cache=True)
+        pos += advance
+    return AlongResult(steps, accepted, positions, agreeing, distinct, time.time() - t0)

@@ -21,7 +21,14 @@ from pathlib import Path
 import torch
 
 from experiments.moe.model import load_model, model_dir
-from experiments.moe.routing import greedy_continuations, independent_expectation, mean, step_distinct, token_routing
+from experiments.moe.routing import (
+    greedy_continuations,
+    independent_expectation,
+    mean,
+    step_distinct,
+    teacher_continuations,
+    token_routing,
+)
 from experiments.moe.workload import load as load_prompts
 
 GROWTH_FILE = Path(__file__).with_name("expert_growth.json")
@@ -29,11 +36,16 @@ KS = (0, 1, 2, 4, 8)            # 0 = decode
 CONCURRENCY = (1, 2, 4, 8)
 
 
-def measure(model, prompts: list[dict], max_new_tokens: int, ks=KS, concurrency=CONCURRENCY) -> dict:
+def measure(model, prompts: list[dict], max_new_tokens: int, ks=KS, concurrency=CONCURRENCY,
+            source: str = "teacher") -> dict:
+    """source "teacher": SmolLM2's greedy answers (real text; the MoE was distilled from them); "self": the
+    MoE's own greedy continuations (what the served model generates; degenerate for this weak model)."""
     cfg = model.config
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else None
     t0 = time.time()
-    conts = greedy_continuations(model, [p["token_ids"] for p in prompts], max_new_tokens, eos)
+    ids = [p["token_ids"] for p in prompts]
+    conts = teacher_continuations(ids, max_new_tokens) if source == "teacher" else \
+        greedy_continuations(model, ids, max_new_tokens, eos)
     routing = [token_routing(model, p["token_ids"] + c) for p, c in zip(prompts, conts, strict=True)]
     starts = [len(p["token_ids"]) for p in prompts]
     lengths = [len(c) for c in conts]
@@ -49,7 +61,7 @@ def measure(model, prompts: list[dict], max_new_tokens: int, ks=KS, concurrency=
                            "mean_distinct": mean(per_layer), "per_layer": per_layer,
                            "independent_expectation": independent_expectation(
                                cfg.n_routed_experts, cfg.num_experts_per_tok, tokens)})
-    return {"model": str(getattr(cfg, "_name_or_path", "")), "num_experts": cfg.n_routed_experts,
+    return {"model": str(getattr(cfg, "_name_or_path", "")), "source": source, "num_experts": cfg.n_routed_experts,
             "top_k": cfg.num_experts_per_tok, "moe_layers": len(routing[0]), "prompts": len(prompts),
             "max_new_tokens": max_new_tokens, "continuation_tokens": sum(lengths), "points": points,
             "growth": growth_curve(points), "seconds": round(time.time() - t0, 1),
@@ -110,7 +122,7 @@ def figures(result: dict):
         ax[0].plot([p["concurrency"] for p in pts], [p["mean_distinct"] for p in pts], marker="o",
                    label="decode" if k == 0 else f"verify k={k}")
     ax[0].set(xlabel="concurrency (sequences per step)", ylabel="distinct experts per MoE layer per step",
-              title=f"{result['num_experts']} experts, top-{result['top_k']}")
+              title=f"{result['num_experts']} experts, top-{result['top_k']}, {result['source']} text")
     ax[0].axhline(result["num_experts"], color="grey", lw=0.5)
     ax[0].legend()
     g = result["growth"]
@@ -124,7 +136,7 @@ def figures(result: dict):
     return fig
 
 
-def log_run(result: dict, served: dict | None, overrides: list[str]) -> str:
+def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) -> str:
     from hydra import compose, initialize_config_dir
 
     from experiments.paths import ROOT
@@ -138,13 +150,17 @@ def log_run(result: dict, served: dict | None, overrides: list[str]) -> str:
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("model.", "site.name"))}
     params |= {"telemetry.max_new_tokens": str(result["max_new_tokens"]), "telemetry.prompts": str(result["prompts"])}
     log_params(client, run_id, params)
-    for p in result["points"]:
-        tag = "decode" if p["k"] == 0 else f"verify_k{p['k']}"
-        client.log_metric(run_id, f"distinct_experts/{tag}", p["mean_distinct"], step=p["concurrency"])
-    for p in result["growth"]:
-        client.log_metric(run_id, "expert_growth/mean_distinct", p["mean_distinct"], step=p["tokens_per_step"])
+    for res, prefix in ((result, ""), (own, "self/")):
+        for p in res["points"]:
+            tag = "decode" if p["k"] == 0 else f"verify_k{p['k']}"
+            client.log_metric(run_id, f"{prefix}distinct_experts/{tag}", p["mean_distinct"], step=p["concurrency"])
+        for p in res["growth"]:
+            client.log_metric(run_id, f"{prefix}expert_growth/mean_distinct", p["mean_distinct"],
+                              step=p["tokens_per_step"])
     client.log_figure(run_id, figures(result), "plots/expert_growth.png")
+    client.log_figure(run_id, figures(own), "plots/expert_growth_self.png")
     client.log_dict(run_id, {k: v for k, v in result.items() if k != "continuations"}, "expert_growth.json")
+    client.log_dict(run_id, {k: v for k, v in own.items() if k != "continuations"}, "expert_growth_self.json")
     if served:
         client.log_dict(run_id, served, "served_comparison.json")
     client.set_terminated(run_id, "FINISHED")
@@ -164,17 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(a.model or model_dir())
     prompts = load_prompts()
     prompts = prompts[:a.limit] if a.limit else prompts
-    result = measure(model, prompts, a.max_new_tokens)
-    served = served_comparison(result, a.served) if a.served else None
+    result = measure(model, prompts, a.max_new_tokens, source="teacher")
+    own = measure(model, prompts, a.max_new_tokens, source="self")
+    served = served_comparison(own, a.served) if a.served else None
     GROWTH_FILE.write_text(json.dumps({k: v for k, v in result.items() if k != "continuations"}, indent=1) + "\n")
-    for pt in result["points"]:
-        print(f"k={pt['k']} c={pt['concurrency']} tokens/step={pt['tokens_per_step']}: "
-              f"{pt['mean_distinct']:.2f} distinct experts/layer (independent picks: "
-              f"{pt['independent_expectation']:.2f})")
+    for res in (result, own):
+        for pt in res["points"]:
+            print(f"[{res['source']}] k={pt['k']} c={pt['concurrency']} tokens/step={pt['tokens_per_step']}: "
+                  f"{pt['mean_distinct']:.2f} distinct experts/layer (independent picks: "
+                  f"{pt['independent_expectation']:.2f})")
     if served:
         print(json.dumps(served, indent=1))
     if not a.no_mlflow:
-        print(f"MLflow run {log_run(result, served, a.overrides)}")
+        print(f"MLflow run {log_run(result, own, served, a.overrides)}")
     return 0
 
 
