@@ -509,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     if served:
         res = results[served[0]] | {"config": served[0], "max_model_len": max_model_len}
         engine_cmp = agreement(source.run, res, source.sequences)
-        console.print(f"engine config {served[0].label}: " + ", ".join(f"{k}={v:.4g}" for k, v in engine_cmp.items()))
+        console.print(f"engine config {served[0].label}: " + ", ".join(f"{k}={v:.4g}" for k, v in engine_cmp.items()),
+                      soft_wrap=True)
     if approx and "accept_length" in source.run.data.metrics:
         # SGLang's accept length counts every verify step: compare with tokens per decode step
         replayed = results[approx]["total"].metrics()["tokens_per_step"]
@@ -521,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     for c in sorted(results, key=lambda c: -results[c]["total"].metrics()["tokens_per_step"])[:10]:
         m = results[c]["total"].metrics()
         console.print(f"{c.label:>20}: accept_length={m.get('accept_length', float('nan')):.3f} "
-                      f"tokens/step={m['tokens_per_step']:.3f} steps_with_draft={m['steps_with_draft']:.2f}")
+                      f"tokens/step={m['tokens_per_step']:.3f} steps_with_draft={m['steps_with_draft']:.2f}",
+                      soft_wrap=True)
     if args.no_log:
         return 0
     if args.experiment:
