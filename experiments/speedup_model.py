@@ -311,8 +311,10 @@ def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str
 
 # ---------------------------------------------------------------- predicted vs measured over a store
 
-def error_table(client, experiment: str, use_replay: bool = True, use_probe: bool = True) -> list[dict]:
-    """One row per (speculative run, concurrency) with its baseline in the store."""
+def error_table(client, experiment: str, use_replay: bool = True, use_probe: bool = True,
+                log: bool = False) -> list[dict]:
+    """One row per (speculative run, concurrency) with its baseline in the store; `log` also writes the
+    predicted_* metrics onto runs measured before the model existed (or refreshes them)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise PredictionUnavailable(f"no experiment {experiment!r}")
@@ -335,6 +337,13 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
         except PredictionUnavailable as exc:
             rows.append({"run": run.info.run_id, "error": str(exc)})
             continue
+        if log:
+            import mlflow
+            client.log_batch(run.info.run_id, metrics=[mlflow.entities.Metric(k, float(v), 0, 0)
+                                                       for k, v in pred.items()])
+            client.set_tag(run.info.run_id, "specws.prediction",
+                           f"speedup_model table --log; acceptance: {'replay' if replayed else 'engine counters'}; "
+                           f"verification cost: {'b_tok = b_seq' if b_tok is None else f'probe {b_tok:.3g} ms/token'}")
         for c in levels_of(run.data.metrics):
             if f"predicted_output_tok_s_c{c}" in pred:
                 measured = run.data.metrics[f"output_tok_s_c{c}"]
@@ -407,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
     t.add_argument("--no-replay", action="store_true", help="acceptance from engine counters only")
     t.add_argument("--no-probe", action="store_true", help="extra verified tokens cost as much as extra sequences")
+    t.add_argument("--log", action="store_true", help="write predicted_* onto the runs (backfill)")
     b = sub.add_parser("box", help="predictions for Kimi-K2.5 on the Blackwell box")
     b.add_argument("--tokens-per-step", type=float, nargs="+", default=[1.5, 2.0, 2.5, 3.0, 3.5])
     b.add_argument("--k", type=int, default=4)
@@ -419,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         import mlflow
         from mlflow.tracking import MlflowClient
         mlflow.set_tracking_uri(args.tracking_uri)
-        rows = error_table(MlflowClient(), args.experiment, not args.no_replay, not args.no_probe)
+        rows = error_table(MlflowClient(), args.experiment, not args.no_replay, not args.no_probe, args.log)
         print("| run | option | workload | k | c | acceptance | tokens/step | b_tok ms | baseline tok/s | "
               "measured tok/s | predicted tok/s | error |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
