@@ -11,6 +11,11 @@ error; `rate` (tokens streamed as fast as the server can, 32 streams) for the su
 """
 from __future__ import annotations
 
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 import argparse
 import json
 import os
@@ -29,7 +34,7 @@ import numpy as np
 from experiments.client import WorkloadRunner, load_records
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
-from experiments.paths import ROOT, cache_dir
+from experiments.paths import cache_dir
 from experiments.prompts import Prompt
 
 SERVER = Path(__file__).with_name("loopback_server.py")
@@ -224,5 +229,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

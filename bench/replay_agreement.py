@@ -4,6 +4,11 @@
 """
 from __future__ import annotations
 
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 import argparse
 import os
 
