@@ -143,7 +143,7 @@ def _predicted(client, run_id: str, cfg: DictConfig, metrics: dict, base: dict, 
     if cfg.spec.method == "none":
         return {}
     try:
-        from experiments.speedup_model import predict_live
+        from experiments.speedup_store import predict_live
         drafts = {c: float(a.drafts) for c, a in summary.acceptance_per_level.items()}
         records = load_records(records_path) if records_path.exists() else []
         predicted, note = predict_live(client, client.get_run(run_id).info.experiment_id, run_id, metrics,

@@ -24,15 +24,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from experiments.speedup_model import (
-    PredictionUnavailable,
-    levels_of,
-    ngram_sources,
-    predict_run,
-    probe_b_tok,
-    probe_slopes,
-    replayed_tokens_per_step,
-)
+from experiments.speedup_model import PredictionUnavailable, levels_of, predict_run
+from experiments.speedup_store import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 BOOTSTRAP = 2000

@@ -18,9 +18,8 @@ from experiments.speedup_model import (
     level_acceptance,
     predict_level,
     predict_run,
-    probe_b_tok,
-    probe_slopes,
 )
+from experiments.speedup_store import probe_b_tok, probe_slopes
 
 CPU_LIKE = LinearProfile(a_ms=30.0, b_seq_ms=4.0, b_tok_ms=0.6)
 
