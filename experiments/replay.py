@@ -263,6 +263,8 @@ def log_replay(client, experiment_id: str, source: Source, source_ref: str, conf
         client.log_dict(rid, to_json(results), "replay.json")
         client.log_figure(rid, heatmap(results), "plots/replay_heatmap.png")
         client.set_terminated(rid, "FINISHED")
+        if source.run is not None:  # the link both ways: the measured run names its latest replay
+            client.set_tag(source.run.info.run_id, "specws.last_replay_run_id", rid)
     except BaseException:
         client.set_terminated(rid, "FAILED")
         raise
