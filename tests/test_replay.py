@@ -210,3 +210,31 @@ def test_replay_run_logged_from_records(tmp_path: Path, store: str) -> None:
     replay = json.loads(Path(client.download_artifacts(run.info.run_id, "replay.json", str(tmp_path))).read_text())
     assert set(replay) == {f"min{a}_max{b}_k{k}" for a in (1, 2) for b in (3, 4) for k in (2, 4)}
     assert set(replay["min2_max4_k4"]["levels"]) == {"1", "4"}
+
+
+def test_replay_of_a_run_id_links_both_runs(tmp_path: Path, store: str) -> None:
+    """Records written by the workspace client (against the loopback server) as a run's artifacts."""
+    from bench.harness_fidelity import LoopbackProcess
+    from experiments.client import WorkloadRunner
+    from experiments.engines.vllm_engine import VLLMAdapter
+    from experiments.prompts import Prompt
+    server = LoopbackProcess(ttft_ms=1.0, itl_ms=0.5)
+    try:
+        path = tmp_path / "records.jsonl"
+        # prompts that hold the loopback's output ids 0..31, so the replay finds drafts to accept
+        WorkloadRunner(server, VLLMAdapter(), "loopback", 32, 0.0, 60, path).run(
+            [Prompt(f"p{i}", [900 + i, *range(40)]) for i in range(3)], [1], 1, 0)
+    finally:
+        server.stop()
+    mlflow.set_tracking_uri(store)
+    client = MlflowClient()
+    source = client.create_run(client.create_experiment("measured"), tags={"specws.workload": "loopback"})
+    client.log_artifact(source.info.run_id, str(path), "records")
+    client.set_terminated(source.info.run_id, "FINISHED")
+    assert main([source.info.run_id, "k=4", "min_match=2", "max_match=3", "--tracking-uri", store]) == 0
+    replay = next(r for r in runs_in(store) if r.data.tags.get("specws.mode") == "replay")
+    assert replay.info.experiment_id == source.info.experiment_id
+    assert replay.data.tags["specws.replay_of"] == source.info.run_id
+    assert replay.data.tags["specws.workload"] == "loopback"
+    assert client.get_run(source.info.run_id).data.tags["specws.last_replay_run_id"] == replay.info.run_id
+    assert replay.data.metrics["min2_max3_k4/accept_length"] == pytest.approx(5.0)  # every draft accepted
