@@ -152,6 +152,22 @@ def run_pass(server: Server, prompts: list[dict], concurrency: int, max_new_toke
     return out
 
 
+def extend_pass(server: Server, prompts: list[dict], telemetry: Path) -> list[dict]:
+    """Prefill prompt + SmolLM2's answer (real text), one request at a time: the extend forward's distinct experts
+    per layer, to compare with the offline routing of exactly the same tokens (the last `tokens` of the text)."""
+    rows = []
+    for p in prompts:
+        if not p.get("teacher_ids"):
+            continue
+        skip = telemetry_lines(telemetry)
+        server.generate(p["token_ids"] + p["teacher_ids"], 1)
+        recs = [r for r in telemetry_since(telemetry, skip) if r["mode"] == "extend"]
+        if recs:
+            rows.append({"id": p["id"], "tokens": recs[0]["tokens"], "distinct": recs[0]["distinct"],
+                         "forwards": len(recs)})
+    return rows
+
+
 def warm(server: Server, prompts: list[dict], max_new_tokens: int) -> None:
     for p in prompts[:2]:
         server.generate(p["token_ids"], max_new_tokens)
@@ -168,6 +184,7 @@ def phase_decode(a, prompts, out: Path) -> dict:
         for c in a.concurrency:
             result["passes"].append(run_pass(server, prompts, c, a.max_new_tokens, tel))
             print(f"decode c={c}: {result['passes'][-1]['tok_s']:.1f} tok/s", flush=True)
+        result["extend"] = extend_pass(server, prompts, tel)
     except Exception as exc:  # noqa: BLE001 - recorded, the phase goes on
         result["error"] = f"{exc!r}"
     finally:

@@ -77,7 +77,7 @@ def growth_curve(points: list[dict]) -> list[dict]:
     return [{"tokens_per_step": t, "mean_distinct": mean(v)} for t, v in sorted(by_tokens.items())]
 
 
-def served_comparison(result: dict, served_dir: Path) -> dict:
+def served_comparison(result: dict, served_dir: Path, model=None) -> dict:
     """Served (H200) distinct experts next to the offline curve at the same tokens per step and batch."""
     offline = {(p["tokens_per_step"], p["concurrency"]): p["mean_distinct"] for p in result["points"]}
     rows = []
@@ -99,8 +99,14 @@ def served_comparison(result: dict, served_dir: Path) -> dict:
                     continue
                 rows.append({"mode": mode, "tokens": tokens, "bs": bs, "served": s["mean_distinct"],
                              "forwards": s["forwards"], "offline": offline.get((tokens, bs))})
-    agree = []
+    agree, extend = [], []
     decode = served_dir / "decode.json"
+    if decode.exists() and model is not None:
+        texts = {p["id"]: p["token_ids"] + p.get("teacher_ids", []) for p in load_prompts()}
+        for row in json.loads(decode.read_text()).get("extend", []):
+            routing = token_routing(model, texts[row["id"]])
+            offline = [int(torch.unique(layer[-row["tokens"]:]).numel()) for layer in routing]
+            extend.append({"id": row["id"], "tokens": row["tokens"], "served": row["distinct"], "offline": offline})
     if decode.exists():
         for p in json.loads(decode.read_text()).get("passes", []):
             for r in p["requests"]:
@@ -108,7 +114,7 @@ def served_comparison(result: dict, served_dir: Path) -> dict:
                 if ref is not None and r.get("output_ids"):
                     n = min(len(ref), len(r["output_ids"]))
                     agree.append(ref[:n] == r["output_ids"][:n])
-    return {"rows": rows, "greedy_outputs_identical": (sum(agree), len(agree))}
+    return {"rows": rows, "greedy_outputs_identical": (sum(agree), len(agree)), "extend": extend}
 
 
 def figures(result: dict):
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prompts[:a.limit] if a.limit else prompts
     result = measure(model, prompts, a.max_new_tokens, source="teacher")
     own = measure(model, prompts, a.max_new_tokens, source="self")
-    served = served_comparison(own, a.served) if a.served else None
+    served = served_comparison(own, a.served, model) if a.served else None
     GROWTH_FILE.write_text(json.dumps({k: v for k, v in result.items() if k != "continuations"}, indent=1) + "\n")
     for res in (result, own):
         for pt in res["points"]:

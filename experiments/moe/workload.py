@@ -1,7 +1,7 @@
 """The prompts the small MoE is measured on: the workspace's own prompt sets (chat, grounded, reasoning),
-templated with SmolLM2's tokenizer (the small MoE shares it). `python -m experiments.moe.workload` writes them
-as token ids to experiments/moe/prompts.json, which the H200 script reads (no tokenizer needed there) and the
-offline telemetry uses too, so both sides see the same inputs."""
+templated with SmolLM2's tokenizer (the small MoE shares it). `python -m experiments.moe.workload` writes them as
+token ids, with SmolLM2's greedy answers, to experiments/moe/prompts.json, which the H200 script reads (no
+tokenizer needed there) and the offline telemetry uses too, so both sides see the same inputs."""
 from __future__ import annotations
 
 import json
@@ -27,9 +27,19 @@ def load() -> list[dict]:
     return json.loads(PROMPT_FILE.read_text())["prompts"]
 
 
+TEACHER_TOKENS = 96
+
+
 def main() -> int:
+    from experiments.moe.routing import teacher_continuations
+
     prompts = build_prompts()
+    answers = teacher_continuations([p["token_ids"] for p in prompts], TEACHER_TOKENS)
+    for p, answer in zip(prompts, answers, strict=True):
+        p["teacher_ids"] = answer
     PROMPT_FILE.write_text(json.dumps({"tokenizer": "SmolLM2-135M-Instruct (chat template, generation prompt)",
+                                       "teacher_ids": f"SmolLM2-135M-Instruct's greedy answer, {TEACHER_TOKENS} "
+                                                      "tokens at most, end-of-turn dropped",
                                        "sets": list(PROMPT_SETS), "prompts": prompts}) + "\n")
     print(f"wrote {len(prompts)} prompts to {PROMPT_FILE}")
     return 0
