@@ -17,8 +17,7 @@ import json
 import os
 import threading
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from sglang_patches import Patch, PatchRefused, Targets, When, register
 from sglang_patches.moe_budget import (
@@ -33,12 +32,16 @@ from sglang_patches.moe_budget import (
     track_forward_batch,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 DIR_ENV = "SPECWS_EXPERT_TELEMETRY_DIR"
 _layers = threading.local()
 
 
 def distinct_experts(topk_ids: torch.Tensor, num_experts: int, num_tokens: int | None = None) -> int:
     """Distinct routed experts among the first `num_tokens` rows (ids outside [0, experts) do not count)."""
+    import torch
     ids = topk_ids if num_tokens is None else topk_ids[:num_tokens]
     ids = ids[(ids >= 0) & (ids < num_experts)]
     return int(torch.unique(ids).numel())
@@ -50,6 +53,7 @@ def mode_name(forward_batch) -> str:
 
 
 def _capturing() -> bool:
+    import torch
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 

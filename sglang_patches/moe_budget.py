@@ -21,8 +21,7 @@ import inspect
 import os
 import threading
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from sglang_patches import Patch, PatchRefused, Targets, When, register
 
@@ -30,6 +29,9 @@ SELECT_EXPERTS = "sglang.srt.layers.moe.topk:select_experts"
 MODEL_FORWARD = "sglang.srt.models.deepseek_v2:DeepseekV2ForCausalLM.forward"
 BUDGET_ENV = "SPECWS_MOE_EXPERT_BUDGET"
 BUDGET_FILE_ENV = "SPECWS_MOE_EXPERT_BUDGET_FILE"
+if TYPE_CHECKING:
+    import torch
+
 MOE_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25")
 
 
@@ -49,6 +51,7 @@ def budget_topk(topk_weights: torch.Tensor, topk_ids: torch.Tensor, router_logit
 
     topk_weights/topk_ids: [tokens, k] from the unbudgeted top-k; router_logits: [tokens, experts].
     Slots holding ids outside [0, experts) (fused shared experts, padding markers) are left alone."""
+    import torch  # lazily: importing the registry must not need torch
     num_experts = router_logits.shape[-1]
     if budget >= num_experts:
         return topk_weights, topk_ids
