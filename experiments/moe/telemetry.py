@@ -114,7 +114,28 @@ def served_comparison(result: dict, served_dir: Path, model=None) -> dict:
                 if ref is not None and r.get("output_ids"):
                     n = min(len(ref), len(r["output_ids"]))
                     agree.append(ref[:n] == r["output_ids"][:n])
-    return {"rows": rows, "greedy_outputs_identical": (sum(agree), len(agree)), "extend": extend}
+    return {"rows": rows, "greedy_outputs_identical": (sum(agree), len(agree)), "extend": extend,
+            "budget_grid": budget_grid(served_dir)}
+
+
+def budget_grid(served_dir: Path) -> list[dict]:
+    """Per (k, B, concurrency) of the served NGRAM runs: verify-step distinct experts, accept length, tok/s, and
+    the share of requests whose output equals the same server's B = all-experts output."""
+    f = served_dir / "ngram.json"
+    if not f.exists():
+        return []
+    out = []
+    for cfg in json.loads(f.read_text()).get("configs", []):
+        ref = {p["concurrency"]: {r["id"]: r.get("output_ids") for r in p["requests"]}
+               for p in cfg["passes"] if p.get("budget") == cfg["passes"][0].get("budget")}
+        for p in cfg["passes"]:
+            same = [r.get("output_ids") == ref.get(p["concurrency"], {}).get(r["id"]) for r in p["requests"]]
+            verify = (p.get("telemetry") or {}).get("target_verify", {})
+            out.append({"k": cfg["k"], "budget": p.get("budget"), "concurrency": p["concurrency"],
+                        "distinct_verify": verify.get("mean_distinct"), "tok_s": p["tok_s"],
+                        "accept_length": p.get("accept_length_tokens_per_verify"),
+                        "identical_to_unbudgeted": sum(same) / max(len(same), 1)})
+    return out
 
 
 def figures(result: dict):
