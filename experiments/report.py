@@ -63,6 +63,12 @@ class OptionSeries:
             parts.append(f"does not pay at c={','.join(map(str, loses))}")
         if unclear:
             parts.append(f"inconclusive at c={','.join(map(str, unclear))}")
+        # a measurement the model cannot explain (outside its interval, > 25 % away) is a cue to look at
+        # the pairing (a baseline measured on a busy machine) before trusting the verdict
+        odd = [f"{c} ({p.predicted:.2f}x)" for c, p in sorted(self.points.items()) if p.predicted is not None
+               and not p.low <= p.predicted <= p.high and abs(p.predicted - p.speedup) > 0.25 * p.speedup]
+        if odd:
+            parts.append(f"model disagrees at c={', '.join(odd)}: check the baseline pairing")
         head = "pays" if pays and not loses else "does not pay" if loses and not pays else "depends"
         return f"{head}: " + "; ".join(parts)
 
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if parent is None:
         client.set_terminated(run_id, "FINISHED")
     for s in series:
-        console.print(f"[bold]{s.label}[/] on {s.workload}: {s.verdict()}")
+        console.print(f"[bold]{s.label}[/] on {s.workload}: {s.verdict()}", soft_wrap=True)
     print(html_path)
     return 0
 
