@@ -89,6 +89,8 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
                 metrics.update(_greedy_check(client, run_id, baseline, records_path, server, adapter,
                                              cfg))
             metrics.update(_predicted(client, run_id, cfg, metrics, bm, summary, records_path))
+        elif cfg.spec.method != "none":
+            client.set_tag(run_id, "specws.prediction", "not predicted: no paired baseline")
         tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
         client.log_figure(run_id, plots.throughput_vs_concurrency(tok_s, base_tok_s, cfg.option.name),
                           "plots/throughput_vs_concurrency.png")
