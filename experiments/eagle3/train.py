@@ -293,7 +293,8 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
                ttt_steps: int = 3, time_budget_s: float = 600.0, draft_vocab_size: int = 4096,
                learning_rate: float = 1e-3, aux_layer_ids: tuple[int, ...] | None = None, num_prompts: int = 512,
                max_new_tokens: int = 128, model_path: str | Path | None = None, shuffle_labels: bool = False,
-               batch_tokens: int = 2048, compile: bool = False, device: str = "auto", log: Log | None = None,
+               batch_tokens: int = 2048, compile: bool = False, device: str = "auto", val_fraction: float = 0.05,
+               log: Log | None = None,
                progress: Callable[[str], None] = print) -> dict:
     """data → features → train → export into `out_dir` (vLLM layout; `<out_dir>-sglang` is SGLang's copy).
     Data and features are cached by their settings; `time_budget_s` caps the training loop only. With
@@ -327,7 +328,7 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     del target
     s = TrainSettings(ttt_steps=ttt_steps, draft_vocab_size=cfg.draft_vocab_size, learning_rate=learning_rate,
                       steps=steps, epochs=epochs, time_budget_s=time_budget_s, shuffle_labels=shuffle_labels,
-                      batch_tokens=batch_tokens, compile=compile, seed=seed, device=device)
+                      batch_tokens=batch_tokens, compile=compile, seed=seed, device=device, val_fraction=val_fraction)
     head, metrics = train(feats, cfg, embed, lm_head_w, final_norm, s, log, progress)
     head.cpu()
     metrics.update(data_and_features_seconds=t_data, data_key=fs.data.key(), features_key=fs.key(),
