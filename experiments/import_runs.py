@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from experiments.offline_store import OfflineClient

@@ -20,6 +20,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ws.cache", lambda rel="": str(cache_dir() / rel))
     if not OmegaConf.has_resolver("ws.root"):
         OmegaConf.register_new_resolver("ws.root", lambda rel="": str(ROOT / rel))
+    if not OmegaConf.has_resolver("ws.add"):  # e.g. EAGLE draft tokens = steps + 1 (conf/option/C.yaml)
+        OmegaConf.register_new_resolver("ws.add", lambda *xs: sum(int(x) for x in xs))
 
 
 register_resolvers()

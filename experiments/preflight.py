@@ -8,11 +8,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from sglang_patches import UnknownPatch, resolve
 
-# conf/option/C.yaml: num_draft_tokens = num_steps + 1 for topk-1 chains (${ws.add:${.num_steps},1}), so one
-# `spec.num_steps=N` override sweeps both. Registered here because every runner path imports preflight.
-if not OmegaConf.has_resolver("ws.add"):
-    OmegaConf.register_new_resolver("ws.add", lambda *xs: sum(int(x) for x in xs))
-
 
 class Refused(RuntimeError):
     """The run cannot start; the message says why and what would work instead."""
