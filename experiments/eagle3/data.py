@@ -186,27 +186,20 @@ def _reasoning(rng: random.Random) -> str:
     return rng.choice(PUZZLES).format(a=a, a2=a * 2, a3=a * 4, b=b, c=c, n=n, day=rng.choice(DAYS))
 
 
+# kind -> (templates, placeholder, fillers): one template, one filler, one modifier (in this order: seeded corpora)
+ONE_FILLER = {"explain": (EXPLAIN, "t", TOPICS), "list": (LISTS, "t", TOPICS), "advice": (ADVICE, "x", SITUATIONS),
+              "recipe": (RECIPE, "d", DISHES), "write": (WRITE, "t", TOPICS), "grounded": (GROUNDED, "p", PASSAGES),
+              "code": (CODE, "c", CODE_TASKS), "howto": (HOWTO, "s", SKILLS)}
+
+
 def _fill(rng: random.Random, kind: str) -> str:
-    if kind == "explain":
-        return rng.choice(EXPLAIN).format(t=rng.choice(TOPICS)) + rng.choice(MODIFIERS)
-    if kind == "list":
-        return rng.choice(LISTS).format(t=rng.choice(TOPICS)) + rng.choice(MODIFIERS)
-    if kind == "advice":
-        return rng.choice(ADVICE).format(x=rng.choice(SITUATIONS)) + rng.choice(MODIFIERS)
-    if kind == "recipe":
-        return rng.choice(RECIPE).format(d=rng.choice(DISHES)) + rng.choice(MODIFIERS)
+    if kind in ONE_FILLER:
+        templates, key, fillers = ONE_FILLER[kind]
+        return rng.choice(templates).format(**{key: rng.choice(fillers)}) + rng.choice(MODIFIERS)
     if kind == "reasoning":
         return _reasoning(rng)
-    if kind == "write":
-        return rng.choice(WRITE).format(t=rng.choice(TOPICS)) + rng.choice(MODIFIERS)
-    if kind == "grounded":
-        return rng.choice(GROUNDED).format(p=rng.choice(PASSAGES)) + rng.choice(MODIFIERS)
     if kind == "math":
         return _math(rng)
-    if kind == "code":
-        return rng.choice(CODE).format(c=rng.choice(CODE_TASKS)) + rng.choice(MODIFIERS)
-    if kind == "howto":
-        return rng.choice(HOWTO).format(s=rng.choice(SKILLS)) + rng.choice(MODIFIERS)
     if kind == "compare":
         a, b = rng.choice(PAIRS)
         return rng.choice(COMPARE).format(a=a, b=b) + rng.choice(MODIFIERS)
