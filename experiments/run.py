@@ -4,6 +4,7 @@ config -> launch spec (validated by the engine's parser) -> baseline pairing -> 
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -106,6 +107,7 @@ def _raise_interrupt(signum, frame):
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where a stuck run is
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:

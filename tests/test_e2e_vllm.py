@@ -175,7 +175,14 @@ def test_ctrl_c_tears_down_within_10s_and_marks_run_killed(tmp_path, embedded_re
     time.sleep(5)  # well into the engine's start-up
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=30)
+    try:
+        proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # the runner dumps its threads' stacks (faulthandler)
+        time.sleep(2)
+        proc.kill()
+        output = proc.communicate()[0]
+        raise AssertionError(f"the runner did not exit 30 s after Ctrl-C; its stacks:\n{output[-6000:]}") from None
     assert time.monotonic() - t0 <= 10.0
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
     assert vllm_servers() == []
