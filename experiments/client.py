@@ -10,10 +10,15 @@ from pathlib import Path
 import aiohttp
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-try:  # events are parsed in the event loop, between arrivals: orjson parses faster than json
-    from orjson import loads as parse_json
+try:  # events are parsed and records written in the event loop, between arrivals: orjson is faster than json
+    import orjson
+
+    parse_json = orjson.loads
+
+    def dump_json(obj) -> str:
+        return orjson.dumps(obj).decode()
 except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
-    parse_json = json.loads
+    parse_json, dump_json = json.loads, json.dumps
 
 from experiments.engines.base import EngineAdapter
 from experiments.prompts import Prompt
@@ -67,12 +72,14 @@ class WorkloadRunner:
         # of the CPU (bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
         async with aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
+                                         json_serialize=dump_json,
                                          connector=aiohttp.TCPConnector(limit=max(levels) + 2, ssl=False)) as client:
             for p in prompts[:warmup]:
                 await self._request(client, RequestRecord(0, 0, p.id, p.token_ids), time.perf_counter())
             results = []
+            # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn()) as progress:
+                          TimeElapsedColumn(), refresh_per_second=2) as progress:
                 for level in levels:
                     results.append(await self._level(client, progress, prompts, level, repetitions))
             return results
@@ -91,7 +98,7 @@ class WorkloadRunner:
                 await self._request(client, rec, t0)
                 records.append(rec)
                 with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
-                    f.write(json.dumps(vars(rec)) + "\n")
+                    f.write(dump_json(vars(rec)) + "\n")
                 progress.advance(task)
 
         work = asyncio.gather(*(one(rep, p) for rep, p in jobs))
