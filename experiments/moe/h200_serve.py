@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,22 +174,38 @@ def warm(server: Server, prompts: list[dict], max_new_tokens: int) -> None:
         server.generate(p["token_ids"], max_new_tokens)
 
 
+@contextmanager
+def served(server: Server, record: dict):
+    """Wait for the server, record start-up time or the error (the phase goes on), always stop it."""
+    try:
+        record["healthy_after_s"] = server.wait_healthy()
+        yield
+    except Exception as exc:  # noqa: BLE001 - recorded, the phase goes on
+        record["error"] = f"{exc!r}"
+    finally:
+        server.stop()
+
+
+def concurrency_passes(server: Server, a, prompts: list[dict], tel: Path | None, label: str, passes: list[dict],
+                       **tags) -> None:
+    """Warm up, then one pass per concurrency level, each tagged, reported and appended as it finishes (a
+    later failure keeps the passes done)."""
+    warm(server, prompts, a.max_new_tokens)
+    for c in a.concurrency:
+        passes.append({**run_pass(server, prompts, c, a.max_new_tokens, tel), **tags})
+        accept = passes[-1].get("accept_length_tokens_per_verify")
+        print(f"{label} c={c}: {passes[-1]['tok_s']:.1f} tok/s" + (f", accept {accept}" if accept else ""),
+              flush=True)
+
+
 def phase_decode(a, prompts, out: Path) -> dict:
     tel = out / "decode-telemetry"
     server = Server(a.model, ["--disable-cuda-graph"], ["expert_telemetry"],
                     {"SPECWS_EXPERT_TELEMETRY_DIR": str(tel)}, out / "logs" / "decode.log")
     result = {"phase": "decode", "cmd": server.cmd, "passes": []}
-    try:
-        result["healthy_after_s"] = server.wait_healthy()
-        warm(server, prompts, a.max_new_tokens)
-        for c in a.concurrency:
-            result["passes"].append(run_pass(server, prompts, c, a.max_new_tokens, tel))
-            print(f"decode c={c}: {result['passes'][-1]['tok_s']:.1f} tok/s", flush=True)
+    with served(server, result):
+        concurrency_passes(server, a, prompts, tel, "decode", result["passes"])
         result["extend"] = extend_pass(server, prompts, tel)
-    except Exception as exc:  # noqa: BLE001 - recorded, the phase goes on
-        result["error"] = f"{exc!r}"
-    finally:
-        server.stop()
     return result
 
 
@@ -204,23 +221,11 @@ def phase_ngram(a, prompts, out: Path) -> dict:
                         out / "logs" / f"ngram-k{k}.log")
         cfg = {"k": k, "cmd": server.cmd, "passes": []}
         result["configs"].append(cfg)
-        try:
-            cfg["healthy_after_s"] = server.wait_healthy()
-            budgets = a.budgets if k == a.budget_k else a.budgets[:1]
-            for b in budgets:
+        with served(server, cfg):
+            for b in a.budgets if k == a.budget_k else a.budgets[:1]:
                 budget_file.write_text(str(b))
                 time.sleep(0.05)
-                warm(server, prompts, a.max_new_tokens)
-                for c in a.concurrency:
-                    p = run_pass(server, prompts, c, a.max_new_tokens, tel)
-                    p["budget"] = b
-                    cfg["passes"].append(p)
-                    print(f"ngram k={k} B={b} c={c}: {p['tok_s']:.1f} tok/s, accept "
-                          f"{p['accept_length_tokens_per_verify']}", flush=True)
-        except Exception as exc:  # noqa: BLE001
-            cfg["error"] = f"{exc!r}"
-        finally:
-            server.stop()
+                concurrency_passes(server, a, prompts, tel, f"ngram k={k} B={b}", cfg["passes"], budget=b)
     return result
 
 
@@ -231,16 +236,8 @@ def phase_graphs(a, prompts, out: Path) -> dict:
                         out / "logs" / f"graphs-B{b}.log")
         cfg = {"budget": b, "cmd": server.cmd, "passes": []}
         result["configs"].append(cfg)
-        try:
-            cfg["healthy_after_s"] = server.wait_healthy()
-            warm(server, prompts, a.max_new_tokens)
-            for c in a.concurrency:
-                cfg["passes"].append(run_pass(server, prompts, c, a.max_new_tokens, None))
-                print(f"graphs B={b} c={c}: {cfg['passes'][-1]['tok_s']:.1f} tok/s", flush=True)
-        except Exception as exc:  # noqa: BLE001
-            cfg["error"] = f"{exc!r}"
-        finally:
-            server.stop()
+        with served(server, cfg):
+            concurrency_passes(server, a, prompts, None, f"graphs B={b}", cfg["passes"])
     return result
 
 
