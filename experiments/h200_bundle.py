@@ -13,6 +13,7 @@ Only the standard library at module level: `install` runs with the host's bare p
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import shutil
@@ -24,8 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / ".h200"
-PART_LIMIT = 56 * 2**20          # a call carries the repo too; stay well under 64 MiB
-CHUNK = 48 * 2**20
+TRAVEL_LIMIT = 64 * 2**20        # a call carries the repo's tracked files too
+MARGIN = 1 * 2**20               # for files committed between the build and the calls
+GZIP_MIN_SAVING = 0.05           # gzip a non-wheel file when it shrinks by at least this share
 PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux1_x86_64", "any"]
 # design.md: measured on the H200 host 2026-11-30 (sglang 0.5.14 pins the host's torch 2.11.0).
@@ -94,6 +96,28 @@ def model_files(dest: Path, tokenizer_dir: Path) -> None:
     (tok / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
+def repo_bytes() -> int:
+    """What every call carries besides its part: the tracked files of this checkout."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return sum((ROOT / n).stat().st_size for n in names.decode().split("\0") if n and (ROOT / n).is_file())
+
+
+PART_LIMIT = TRAVEL_LIMIT - MARGIN - 16 * 2**20   # replaced in build() by the measured repo size
+CHUNK = PART_LIMIT - 2**20
+
+
+def gzip_files(staging: Path) -> list[str]:
+    """Gzip the model files worth it (safetensors of a small MoE halve; wheels are zips already)."""
+    done = []
+    for path in sorted(p for p in staging.rglob("*") if p.is_file() and p.suffix != ".whl"):
+        packed = gzip.compress(path.read_bytes(), compresslevel=6, mtime=0)
+        if len(packed) <= (1 - GZIP_MIN_SAVING) * path.stat().st_size:
+            path.with_name(path.name + ".gz").write_bytes(packed)
+            path.unlink()
+            done.append(str(path.relative_to(staging)))
+    return done
+
+
 def _pieces(files: list[Path], staging: Path, chunks: dict) -> list[tuple[Path, str, int]]:
     """(source, name in bundle, size); files above CHUNK are cut into chunks joined again on install."""
     pieces = []
@@ -125,10 +149,10 @@ def _first_fit(pieces: list[tuple[Path, str, int]]) -> list[list[tuple[Path, str
     return parts
 
 
-def split_parts(staging: Path, out: Path) -> dict:
+def split_parts(staging: Path, out: Path, gzipped: list[str] | None = None) -> dict:
     """The model and what converts it travel first (work can start on the host while wheels arrive)."""
     files = sorted(p for p in staging.rglob("*") if p.is_file())
-    first = [p for p in files if p.parent.name == "model" or p.parent.name == "tokenizer" or p.name.startswith("gguf-")]
+    first = [p for p in files if p.parent.name in ("model", "tokenizer") or p.name.startswith("gguf-")]
     chunks: dict[str, dict] = {}
     parts = _first_fit(_pieces(first, staging, chunks))
     parts += _first_fit(_pieces([p for p in files if p not in first], staging, chunks))
@@ -139,13 +163,17 @@ def split_parts(staging: Path, out: Path) -> dict:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest)
             placed[rel] = {"part": n, "sha256": _sha(dest)}
-    manifest = {"parts": len(parts), "files": placed, "joined": chunks}
+    manifest = {"parts": len(parts), "files": placed, "joined": chunks, "gzipped": gzipped or []}
     for n in range(1, len(parts) + 1):
         (out / f"p{n}" / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
 
 
 def build(out: Path, tokenizer_dir: Path, extra: list[Path]) -> None:
+    global PART_LIMIT, CHUNK
+    PART_LIMIT = TRAVEL_LIMIT - MARGIN - repo_bytes()
+    CHUNK = PART_LIMIT - 2**20
+    print(f"bundle: parts of at most {PART_LIMIT / 2**20:.1f} MiB (the repo travels too)")
     if out.exists():
         shutil.rmtree(out)
     staging = out / "staging"
@@ -156,7 +184,7 @@ def build(out: Path, tokenizer_dir: Path, extra: list[Path]) -> None:
     model_files(staging / "model", tokenizer_dir)
     for folder in extra:  # e.g. EAGLE-3 heads: extras/<name>/...
         shutil.copytree(folder, staging / "extras" / folder.name)
-    manifest = split_parts(staging, out)
+    manifest = split_parts(staging, out, gzip_files(staging))
     shutil.rmtree(staging)
     shutil.rmtree(out / "chunks", ignore_errors=True)
     sizes = [sum(f.stat().st_size for f in (out / f"p{n}").rglob("*")) / 2**20
@@ -190,6 +218,11 @@ def install(bundle: Path, dest: Path) -> bool:
                     out.write((incoming / name).read_bytes())
             if _sha(whole) != j["sha256"]:
                 raise SystemExit(f"h200 bundle: joined {rel} is corrupt (sha256 mismatch)")
+    for rel in manifest.get("gzipped", []):
+        packed, plain = incoming / (rel + ".gz"), incoming / rel
+        if packed.exists() and not plain.exists():
+            plain.with_name(plain.name + ".partial").write_bytes(gzip.decompress(packed.read_bytes()))
+            plain.with_name(plain.name + ".partial").rename(plain)
     gguf = sorted((incoming / "wheels").glob("gguf-*.whl")) if (incoming / "wheels").exists() else []
     if (incoming / "model" / "model.gguf").exists() and gguf:
         convert_model(incoming / "model", dest / "cache" / "models" / "SmolLM2-135M-Instruct", gguf[0], dest)
@@ -227,7 +260,8 @@ def convert_model(src: Path, target: Path, gguf_wheel: Path, dest: Path) -> None
     partial = target.with_suffix(".partial")
     _run([sys.executable, "-c", CONVERT, str(src), str(partial)], env={**_env(), "PYTHONPATH": str(gguf_site)})
     for f in (src / "tokenizer").iterdir():
-        shutil.copy2(f, partial / f.name)
+        if f.suffix != ".gz":
+            shutil.copy2(f, partial / f.name)
     partial.rename(target)
     print(f"h200 bundle: model converted into {target}")
 

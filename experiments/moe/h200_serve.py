@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -39,9 +40,16 @@ H200_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Outside the kernel's ephemeral range, as experiments/launch_spec.py: SGLang 0.5.14 derives its gRPC port
+    as port + 10000 and refuses one above 65535."""
+    for port in random.Random().sample(range(20000, 32000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free port in 20000-32000")
 
 
 def ngram_args(k: int) -> list[str]:
