@@ -40,7 +40,7 @@ class LaunchSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        return {"engine": self.engine, "argv": self.argv, "env": self.env, "key": self.key}
+        return {"engine": self.engine, "argv": self.argv, "env": self.env, "key": self.key, **self.extra}
 
 
 PORT_RANGE = (20000, 32000)
@@ -69,6 +69,22 @@ def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
     raise OSError(f"no free port in {PORT_RANGE} on {host}")
 
 
+def sglang_patches_for(cfg: DictConfig) -> list[str]:
+    """The patches the launcher applies: the site's, then the option's (E: moe_budget), then expert_telemetry
+    when spec.moe_telemetry is on (after moe_budget, so that it counts the budgeted experts)."""
+    option = cfg.option.get("patches") if cfg.get("option") else None
+    names = [*cfg.site.patches, *(option or []), *(["expert_telemetry"] if cfg.spec.get("moe_telemetry") else [])]
+    return list(dict.fromkeys(str(n) for n in names))
+
+
+def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
+    """What the named patches read: the expert budget B (moe_budget), the telemetry folder (expert_telemetry)."""
+    from sglang_patches.expert_telemetry import DIR_ENV
+    from sglang_patches.moe_budget import BUDGET_ENV
+    env = {BUDGET_ENV: str(cfg.spec.moe_expert_budget)} if "moe_budget" in patches else {}
+    return env | ({DIR_ENV: str(cfg.spec.moe_telemetry_dir)} if "expert_telemetry" in patches else {})
+
+
 def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     adapter = adapter_for(cfg.engine.name)
     site_args = list(cfg.site.engine_args.get(cfg.engine.name) or [])
@@ -77,10 +93,12 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     if hasattr(adapter, "args_for_installed_version"):
         args = adapter.args_for_installed_version(cfg.engine.python, args)
     env = {**OmegaConf.to_container(cfg.engine.env), **OmegaConf.to_container(cfg.site.env)}
+    patches = sglang_patches_for(cfg) if cfg.engine.name == "sglang" else []
     if cfg.engine.module == "sglang_patches.launch":   # the patch launcher in front of SGLang's entry point
         from sglang_patches.launch import launcher_env
-        env |= launcher_env(list(cfg.site.patches), cfg.site.name,
-                            str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")))
+        env |= launcher_env(patches, cfg.site.name, str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")))
+        env |= patch_env(cfg, patches)
     return LaunchSpec(engine=cfg.engine.name, python=cfg.engine.python, module=cfg.engine.module,
                       args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},
-                      health_path=cfg.engine.health_path, model_path=str(cfg.model.path))
+                      health_path=cfg.engine.health_path, model_path=str(cfg.model.path),
+                      extra={"sglang_patches": patches})

@@ -20,25 +20,44 @@ def check_option(cfg: DictConfig) -> None:
     opt = cfg.option
     if opt.missing:
         raise Refused(f"option {opt.name} ({opt.title}) cannot run yet: {opt.missing}")
-    if cfg.spec.get("moe_expert_budget") is not None:
-        check_moe_model(cfg)
     site_engines = list(cfg.site.engines)
     if opt.engine and opt.engine not in site_engines:
         alt = opt.get("alternative")
         hint = f"; option {alt} runs the same drafter on {site_engines[0]}" if alt else ""
+        if opt.get("offline"):
+            hint += f"; on this site it runs offline: {opt.offline}"
         raise Refused(f"option {opt.name} ({opt.title}) needs {opt.engine}, which site "
                       f"{cfg.site.name} does not have (it has {site_engines}){hint}")
     if cfg.engine.name not in site_engines:
         raise Refused(f"engine {cfg.engine.name} is not available on site {cfg.site.name} "
                       f"(it has {site_engines})")
-    try:
-        resolve(list(cfg.site.patches))
-    except UnknownPatch as exc:
-        raise Refused(str(exc)) from None
+    check_patches(cfg)
+    if cfg.spec.get("moe_expert_budget") is not None:
+        check_moe_model(cfg)
     if cfg.spec.method == "eagle3" and not cfg.spec.draft_model:
         raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {cfg.model.name}, and none is "
                       f"configured (model.drafters.eagle3 is empty): train one with +option=D "
                       f"(issue 3) or set spec.draft_model=/path/to/head")
+
+
+def check_patches(cfg: DictConfig) -> None:
+    """Patches exist and reach SGLang through the launcher; a budget is a positive integer (B >= the model's
+    routed experts = unbudgeted); expert telemetry runs without CUDA graphs (graph replays run no Python)."""
+    from experiments.launch_spec import sglang_patches_for
+    patches = sglang_patches_for(cfg) if cfg.engine.name == "sglang" else []
+    try:
+        resolve(patches)
+    except UnknownPatch as exc:
+        raise Refused(str(exc)) from None
+    if patches and cfg.engine.module != "sglang_patches.launch":
+        raise Refused(f"patches {patches} need engine.module=sglang_patches.launch (it is {cfg.engine.module})")
+    budget = str(cfg.spec.get("moe_expert_budget"))
+    if "moe_budget" in patches and not (budget.isdigit() and int(budget) >= 1):
+        raise Refused(f"spec.moe_expert_budget must be a positive integer, got {budget!r}")
+    args = [*(cfg.site.engine_args.get(cfg.engine.name) or []), *cfg.engine.extra_args]
+    if "expert_telemetry" in patches and "--disable-cuda-graph" not in args:
+        raise Refused("spec.moe_telemetry=true counts experts in Python, which CUDA-graph replays skip: add "
+                      "'engine.extra_args=[--disable-cuda-graph]' (the baseline then runs without graphs too)")
 
 
 def check_moe_model(cfg: DictConfig) -> None:

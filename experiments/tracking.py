@@ -112,8 +112,20 @@ def git_commit() -> str:
         return "unknown"
 
 
+def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
+    """Option E: the expert budget B the server ran with; B >= the model's routed experts is unbudgeted."""
+    if "moe_budget" not in patches:
+        return {}
+    budget, experts = cfg.spec.moe_expert_budget, OmegaConf.select(cfg, "model.moe.num_experts")
+    unbudgeted = "unknown" if experts is None else str(int(budget) >= int(experts)).lower()
+    return {"specws.moe_expert_budget": str(budget), "specws.moe_num_experts": str(experts),
+            "specws.moe_unbudgeted": unbudgeted}
+
+
 def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
-    return {
+    from experiments.launch_spec import sglang_patches_for
+    requested = sglang_patches_for(cfg) if cfg.engine.name == "sglang" else []
+    return moe_budget_tags(cfg, requested) | {
         "specws.option": cfg.option.name, "specws.site": cfg.site.name, "specws.model": cfg.model.name,
         "specws.engine": cfg.engine.name, "specws.engine_version": engine_version,
         "specws.workload": cfg.workload.name, "specws.mode": mode,
@@ -122,7 +134,7 @@ def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
         "host.accelerator": cfg.site.accelerator,
         "versions.mlflow": _version("mlflow"), "versions.hydra": _version("hydra-core"),
         "versions.torch": _version("torch"), "versions.sglang": _version("sglang"),
-        "sglang_patches.requested": ",".join(cfg.site.patches) or "none",
+        "sglang_patches.requested": ",".join(requested) or "none",
         # replaced by the launcher's report once the server has started (measure._log_patches)
         "sglang_patches.applied": "none" if cfg.engine.name != "sglang" else "no launcher report yet",
     }

@@ -264,10 +264,11 @@ def test_option_e_refusals():
 
     cfg = _compose("+option=E", "model=tiny_moe_dsv3")
     assert cfg.spec.moe_expert_budget and cfg.spec.offline_drafter == "ngram"
-    with pytest.raises(Refused, match="python -m experiments.moe.option_e"):
+    with pytest.raises(Refused, match="needs sglang.*python -m experiments.moe.option_e"):
         check_option(cfg)                                   # local site: no SGLang, the offline path is named
     with pytest.raises(Refused, match="model smollm2_135m: moe_budget: model type .llama. has no routed experts"):
-        check_option(_compose("+option=E", "site=h200", "option.missing=null"))   # a dense model, by name
+        check_option(_compose("+option=E", "site=h200"))   # a dense model, by name
+    check_option(_compose("+option=E", "site=h200", "model=tiny_moe_dsv3"))   # served: tests/test_option_e.py
 
 
 @pytest.mark.slow

@@ -51,8 +51,9 @@ def test_probe_of_an_interpreter_without_sglang() -> None:
 
 
 def test_every_option_and_site_passes_the_installed_releases_parser(sglang_release: str) -> None:
-    cases = [(site, option) for site in SITES for option in OPTIONS]
-    specs = [build_launch_spec(compose_cfg(f"+option={o}", f"site={s}", "option.missing=null")) for s, o in cases]
+    cases = [(site, option) for site in SITES for option in OPTIONS] + [("h200", "E model=tiny_moe_dsv3")]
+    specs = [build_launch_spec(compose_cfg(f"+option={o.split()[0]}", f"site={s}", *o.split()[1:]))
+             for s, o in cases]
     results = SGLangAdapter().validate_many(sys.executable, [spec.args for spec in specs])
     for (site, option), result in zip(cases, results, strict=True):
         assert result.ok, f"{site} +option={option} refused by SGLang {result.version}: {result.error}"
