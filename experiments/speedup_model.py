@@ -51,21 +51,24 @@ class LinearProfile:
     a_ms: float
     b_seq_ms: float
     b_tok_ms: float | None = None
+    spec_overhead_ms: float = 0.0    # fixed cost of a speculative step (SGLang probe; 0 unless measured)
 
     def step_ms(self, c: float, q: float) -> float:
         b_tok = self.b_seq_ms if self.b_tok_ms is None else self.b_tok_ms
-        return self.a_ms + self.b_seq_ms * c + b_tok * c * (q - 1.0)
+        return (self.a_ms + self.b_seq_ms * c + b_tok * c * (q - 1.0)
+                + (self.spec_overhead_ms if q > 1.0 else 0.0))
 
     @classmethod
-    def from_levels(cls, step_ms_by_c: dict[int, float], b_tok_ms: float | None = None) -> LinearProfile:
+    def from_levels(cls, step_ms_by_c: dict[int, float], b_tok_ms: float | None = None,
+                    spec_overhead_ms: float = 0.0) -> LinearProfile:
         if not step_ms_by_c:
             raise PredictionUnavailable("baseline has no per-concurrency time per output token")
         cs = np.array(sorted(step_ms_by_c), dtype=float)
         ts = np.array([step_ms_by_c[int(c)] for c in cs])
         if len(cs) == 1:  # one level: all cost fixed (memory-bound decode), a lower bound on growth
-            return cls(float(ts[0]), 0.0, b_tok_ms)
+            return cls(float(ts[0]), 0.0, b_tok_ms, spec_overhead_ms)
         b, a = np.polyfit(cs, ts, 1)
-        return cls(float(max(a, 0.0)), float(max(b, 0.0)), b_tok_ms)
+        return cls(float(max(a, 0.0)), float(max(b, 0.0)), b_tok_ms, spec_overhead_ms)
 
 
 @dataclass
@@ -167,22 +170,25 @@ def speedup(profile, c: float, tau: float, q: float, draft_ms: float, prefill_sh
 
 
 def predict_level(profile, c: int, tau: float, k: int, draft_share: float, draft_step_cost: float,
-                  prefill_share: float = 0.0, base_tok_s: float | None = None) -> Prediction:
-    q = 1.0 + k * draft_share
+                  prefill_share: float = 0.0, base_tok_s: float | None = None,
+                  verified: float | None = None) -> Prediction:
+    """verified: tokens verified per step where the engine fixes it (SGLang verifies its whole draft tree,
+    num_draft_tokens including the root, on every step), else 1 + k * draft share (vLLM)."""
+    q = 1.0 + k * draft_share if verified is None else verified
     draft_ms = draft_step_cost * k * draft_share * profile.step_ms(1, 1.0)
     s = speedup(profile, c, tau, q, draft_ms, prefill_share)
     be_tau = (profile.step_ms(c, q) + draft_ms) / profile.step_ms(c, 1.0)
     full_draft_ms = draft_step_cost * k * profile.step_ms(1, 1.0)
-    be_al = (profile.step_ms(c, 1.0 + k) + full_draft_ms) / profile.step_ms(c, 1.0)
+    be_al = (profile.step_ms(c, 1.0 + k if verified is None else verified) + full_draft_ms) / profile.step_ms(c, 1.0)
     return Prediction(c, tau, q, s, None if base_tok_s is None else base_tok_s * s, be_tau, be_al)
 
 
 def break_even_concurrency(profile, tau: float, k: int, draft_share: float, draft_step_cost: float,
-                           c_max: float = 4096.0) -> float:
+                           c_max: float = 4096.0, verified: float | None = None) -> float:
     """Lowest concurrency at which the decode speedup drops to 1 (inf: pays up to c_max; 0: never pays).
     Scanned, not bisected: on an MoE the speedup need not fall monotonically (experts saturate)."""
     def gain(c: float) -> float:
-        return predict_level(profile, c, tau, k, draft_share, draft_step_cost).speedup - 1.0
+        return predict_level(profile, c, tau, k, draft_share, draft_step_cost, verified=verified).speedup - 1.0
     if gain(1.0) <= 0:
         return 0.0
     grid = np.geomspace(1.0, c_max, 400)
@@ -218,10 +224,28 @@ def levels_of(metrics: dict[str, float]) -> list[int]:
     return sorted(int(k.removeprefix("output_tok_s_c")) for k in metrics if k.startswith("output_tok_s_c"))
 
 
-def baseline_profile(base: dict[str, float], b_tok_ms: float | None = None) -> LinearProfile:
-    """Time per output token of the baseline at each concurrency = its step time there."""
+def baseline_profile(base: dict[str, float], b_tok_ms: float | None = None, spec_overhead_ms: float = 0.0,
+                     max_c: int | None = None) -> LinearProfile:
+    """Time per output token of the baseline at each concurrency = its step time there (levels above
+    max_c left out: e.g. above SGLang's CUDA-graph batch limit, another regime than the levels below)."""
     return LinearProfile.from_levels({c: base[f"tpot_mean_ms_c{c}"] for c in levels_of(base)
-                                      if f"tpot_mean_ms_c{c}" in base}, b_tok_ms)
+                                      if f"tpot_mean_ms_c{c}" in base and (max_c is None or c <= max_c)},
+                                     b_tok_ms, spec_overhead_ms)
+
+
+def sglang_verified_per_step(params: dict[str, str]) -> float | None:
+    """Tokens SGLang verifies per decode step: its whole draft tree, `--speculative-num-draft-tokens` including
+    the root (NGRAM pads every request's tree to that size, ngram_worker.py asserts bs * draft_token_num;
+    EAGLE-3 with topk 1: num_steps + 1). None for other engines (vLLM: 1 + drafted tokens)."""
+    if params.get("engine.name") != "sglang" or params.get("spec.method", "none") == "none":
+        return None
+    try:
+        return float(int(params["spec.num_draft_tokens"]))
+    except (KeyError, ValueError, TypeError):   # TypeError: None from a live config
+        try:
+            return float(int(params["spec.num_steps"]) + 1)
+        except (KeyError, ValueError, TypeError):
+            return None
 
 
 def draft_length(params: dict[str, str]) -> tuple[str, int]:
@@ -254,21 +278,25 @@ def level_acceptance(m: dict[str, float], c: int, drafts: float | None = None) -
 def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str, float],
                 drafts_by_level: dict[int, float] | None = None,
                 tokens_per_step: dict[int, tuple[float, float]] | None = None,
-                draft_step_cost: float | None = None, b_tok_ms: float | None = None) -> dict[str, float]:
+                draft_step_cost: float | None = None, b_tok_ms: float | None = None,
+                spec_overhead_ms: float = 0.0, profile_max_c: int | None = None) -> dict[str, float]:
     """`predicted_*` metrics of a measured speculative run against its baseline's metrics.
     tokens_per_step: (tau, draft share) per level from elsewhere (a replay) instead of the counters."""
     method, k = draft_length(params)
-    profile = baseline_profile(base, b_tok_ms)
+    verified = sglang_verified_per_step(params)
+    profile = baseline_profile(base, b_tok_ms, spec_overhead_ms, profile_max_c)
     cost = DRAFT_STEP_COST.get(method, 0.0) if draft_step_cost is None else draft_step_cost
     out: dict[str, float] = {"predicted_profile_a_ms": profile.a_ms, "predicted_profile_b_seq_ms": profile.b_seq_ms}
     if b_tok_ms is not None:
         out["predicted_profile_b_tok_ms"] = b_tok_ms
+    if spec_overhead_ms:
+        out["predicted_profile_spec_overhead_ms"] = spec_overhead_ms
     for c in levels_of(option):
         if f"output_tok_s_c{c}" not in base:
             continue
         tau, share = (tokens_per_step or {}).get(c) or level_acceptance(option, c, (drafts_by_level or {}).get(c))
         phi = base.get(f"ttft_mean_ms_c{c}", 0.0) / base[f"e2e_mean_ms_c{c}"] if base.get(f"e2e_mean_ms_c{c}") else 0.0
-        p = predict_level(profile, c, tau, k, share, cost, phi, base[f"output_tok_s_c{c}"])
+        p = predict_level(profile, c, tau, k, share, cost, phi, base[f"output_tok_s_c{c}"], verified)
         out |= {f"predicted_output_tok_s_c{c}": p.output_tok_s, f"predicted_speedup_c{c}": p.speedup,
                 f"predicted_tokens_per_step_c{c}": tau,
                 f"predicted_break_even_accept_length_c{c}": p.break_even_accept_length,
@@ -276,7 +304,7 @@ def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str
                     1.0, break_even_acceptance_rate(p.break_even_accept_length, k))}
         if c == min(levels_of(option)):
             out["predicted_output_tok_s"], out["predicted_speedup"] = p.output_tok_s, p.speedup
-            be = break_even_concurrency(profile, tau, k, share, cost)
+            be = break_even_concurrency(profile, tau, k, share, cost, verified=verified)
             if math.isfinite(be):
                 out["predicted_break_even_concurrency"] = float(be)
     if not any(key.startswith("predicted_speedup_c") for key in out):
@@ -308,20 +336,25 @@ def main(argv: list[str] | None = None) -> None:
         mlflow.set_tracking_uri(args.tracking_uri)
         from experiments.speedup_store import error_table
         rows = error_table(MlflowClient(), args.experiment, not args.no_replay, not args.no_probe, args.log)
-        print("| run | option | workload | k | c | acceptance | tokens/step | b_tok ms | baseline tok/s | "
-              "measured tok/s | predicted tok/s | error |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| run | option | workload | k | c | acceptance | tokens/step | b_tok ms | spec overhead ms | "
+              "baseline tok/s | measured tok/s | predicted tok/s | error | flag |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         ok = [r for r in rows if "error" not in r]
         for r in ok:
             print(f"| {r['run'][:8]} | {r['option']} {r['method']} | {r['workload']} | {r['k']} | {r['concurrency']} | "
                   f"{r['acceptance_source']} | {r['tokens_per_step']:.2f} | "
-                  f"{'-' if r['b_tok_ms'] is None else format(r['b_tok_ms'], '.2f')} | {r['baseline_tok_s']:.1f} | "
-                  f"{r['measured_tok_s']:.1f} | {r['predicted_tok_s']:.1f} | {100 * r['rel_error']:.1f} % |")
-        errs = np.array([r["rel_error"] for r in ok])
-        if len(errs):
-            print(f"\n{len(errs)} configurations: mean error {100 * errs.mean():.1f} %, median "
-                  f"{100 * np.median(errs):.1f} %, max {100 * errs.max():.1f} %, within 15 %: "
-                  f"{int((errs <= 0.15).sum())}/{len(errs)}")
+                  f"{'-' if r['b_tok_ms'] is None else format(r['b_tok_ms'], '.3f')} | "
+                  f"{r.get('spec_overhead_ms') or 0:.3f} | {r['baseline_tok_s']:.1f} | "
+                  f"{r['measured_tok_s']:.1f} | {r['predicted_tok_s']:.1f} | {100 * r['rel_error']:.1f} % | "
+                  f"{r.get('flag') or ''} |")
+        for label, sel in (("all", ok), ("unflagged", [r for r in ok if not r.get("flag")])):
+            errs = np.array([r["rel_error"] for r in sel])
+            if len(errs):
+                print(f"\n{label}: {len(errs)} configurations: mean error {100 * errs.mean():.1f} %, median "
+                      f"{100 * np.median(errs):.1f} %, max {100 * errs.max():.1f} %, within 15 %: "
+                      f"{int((errs <= 0.15).sum())}/{len(errs)}")
+        for note in dict.fromkeys(f"{r['run'][:8]}: {r['note']}" for r in ok if r.get("note")):
+            print(f"inputs {note}")
         for r in rows:
             if "error" in r:
                 print(f"not predicted: {r['run'][:8]}: {r['error']}")

@@ -1,11 +1,27 @@
-"""The speedup model against a store: the verification-cost probe from single-stream n-gram records, the
-prediction logged by experiments/measure.py for a run being measured, and the predicted-vs-measured table
-over every measured run (`python -m experiments.speedup_model table`)."""
+"""The speedup model against a store: the verification-cost probes (vLLM: single-stream n-gram records
+against their replay; SGLang: single-stream step time vs tokens verified per step across the experiment's
+runs), the prediction logged by experiments/measure.py for a run being measured, and the predicted-vs-measured
+table over every measured run (`python -m experiments.speedup_model table`)."""
 from __future__ import annotations
+
+import ast
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from experiments.speedup_model import PredictionUnavailable, draft_length, levels_of, predict_run
+from experiments.speedup_model import (
+    PredictionUnavailable,
+    baseline_profile,
+    draft_length,
+    levels_of,
+    predict_run,
+    sglang_verified_per_step,
+)
+
+PAUSE_SHARE = 0.10   # a level whose longest pause is this share of its wall time is flagged (warm-up stall)
 
 
 def probe_slopes(runs: dict[str, tuple[list, object]]) -> dict[str, float]:
@@ -35,6 +51,168 @@ def probe_b_tok(slopes: dict[str, float], exclude: str | None = None) -> float |
     return float(max(0.0, np.median(values))) if values else None
 
 
+# ---------------------------------------------------------------- SGLang verification-cost probe
+
+@dataclass
+class StepPoint:
+    """One SGLang run: engine step time per concurrency level and the tokens it verifies per step."""
+    run_id: str
+    method: str          # none | ngram | eagle3
+    verified: float      # tokens verified per sequence and step (baseline 1, SGLang speculation num_draft_tokens)
+    draft_steps: int     # draft-model forwards per step (EAGLE-3 num_steps, else 0)
+    step_ms: dict[int, float]                                 # per level: steady-state step time
+    max_c: int | None = None                                  # CUDA-graph batch limit it ran with
+    pauses: dict[int, float] = field(default_factory=dict)   # per level: longest TTFT or chunk gap, s
+
+
+@dataclass
+class VerifyFit:
+    """step_ms(c, q) = t0 + b_seq * c + spec_overhead * [q > 1] + b_tok * c * (q - 1), fitted over the
+    experiment's SGLang baseline and NGRAM runs (no draft model) at every CUDA-graph level they ran. Columns
+    the runs cannot tell apart are dropped: the fixed speculative-step overhead needs NGRAM at two
+    concurrencies or two draft lengths (else b_tok carries it); with single-stream runs only, b_seq = 0."""
+    t0_ms: float
+    b_seq_ms: float
+    b_tok_ms: float
+    spec_overhead_ms: float
+    runs: list[str]
+    points: list[tuple[int, float]]     # (c, q) of the points fitted
+
+    def step_ms(self, c: float, q: float) -> float:
+        return (self.t0_ms + self.b_seq_ms * c + self.b_tok_ms * c * (q - 1)
+                + (self.spec_overhead_ms if q > 1 else 0.0))
+
+
+def steady_step_ms(gaps: np.ndarray) -> float:
+    """Mean streamed-chunk interval (one chunk per engine step in SGLang's default streaming), leaving out
+    pauses longer than 10x the median: first-batch warm-up stalls, flagged per level (level_flags)."""
+    return float(1000.0 * gaps[gaps < 10.0 * np.median(gaps)].mean())
+
+
+def sglang_step_points(client, runs) -> dict[str, StepPoint]:
+    """Step time of every finished SGLang run with records, per concurrency level, from the streamed chunk
+    intervals (the first chunk is the prefill's token; SGLang streams one chunk per decode/verify step)."""
+    out = {}
+    for run in runs:
+        params = run.data.params
+        if params.get("engine.name") != "sglang":
+            continue
+        method = params.get("spec.method", "none")
+        verified = 1.0 if method == "none" else sglang_verified_per_step(params)
+        if verified is None:
+            continue
+        gaps: dict[int, list] = {}
+        pauses: dict[int, float] = {}
+        for r in _run_records(client, run.info.run_id):
+            c, t = r.get("concurrency"), r.get("chunk_times_s") or []
+            if not c or r.get("error"):
+                continue
+            intervals = [b - a for a, b in zip(t, t[1:], strict=False)]
+            gaps.setdefault(c, []).extend(intervals)
+            pauses[c] = max(pauses.get(c, 0.0), r.get("ttft_s") or 0.0, *intervals)
+        steps = {c: steady_step_ms(np.asarray(g)) for c, g in gaps.items() if len(g) >= 20}
+        if steps:
+            draft_steps = int(params.get("spec.num_steps") or 0) if method == "eagle3" else 0
+            out[run.info.run_id] = StepPoint(run.info.run_id, method, verified, draft_steps, steps,
+                                             sglang_graph_max_bs(params), pauses)
+    return out
+
+
+def _run_records(client, run_id: str) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = Path(client.download_artifacts(run_id, "records", tmp))
+        except Exception:  # noqa: BLE001 - a run without records has no step point
+            return []
+        return [json.loads(line) for f in sorted(local.glob("*.jsonl"))
+                for line in f.read_text().splitlines() if line.strip()]
+
+
+def fit_verify_cost(points: dict[str, StepPoint], exclude: str | None = None) -> VerifyFit | None:
+    """The SGLang probe, leaving out the run being predicted; None without both q = 1 and q > 1 points."""
+    use = [p for k, p in points.items() if k != exclude and p.method in ("none", "ngram")]
+    rows = [(c, p.verified, ms) for p in use for c, ms in p.step_ms.items() if p.max_c is None or c <= p.max_c]
+    if not rows:
+        return None
+    c, q, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
+    if not (q == 1).any() or not (q > 1).any():
+        return None
+    cols = {"t0": np.ones_like(c), "b_seq": c, "over": (q > 1).astype(float), "b_tok": c * (q - 1)}
+    for drop in ([], ["over"], ["b_seq"], ["over", "b_seq"]):
+        names = [n for n in cols if n not in drop]
+        x = np.column_stack([cols[n] for n in names])
+        if np.linalg.matrix_rank(x) < len(names):
+            continue
+        coef = dict(zip(names, np.linalg.lstsq(x, y, rcond=None)[0], strict=True))
+        if all(v >= 0 for n, v in coef.items() if n != "t0"):
+            return VerifyFit(float(coef["t0"]), float(coef.get("b_seq", 0.0)), float(coef["b_tok"]),
+                             float(coef.get("over", 0.0)), [p.run_id for p in use],
+                             sorted({(int(a), float(b)) for a, b in zip(c, q, strict=True)}))
+    return None
+
+
+def eagle_draft_ms(points: dict[str, StepPoint], fit: VerifyFit, exclude: str | None = None) -> float | None:
+    """ms per EAGLE-3 draft forward: what the experiment's other EAGLE-3 runs spend per single-stream step
+    beyond the probe's verify step of the same size, over their draft steps (median, never below 0)."""
+    values = [(p.step_ms[1] - fit.step_ms(1, p.verified)) / p.draft_steps for k, p in points.items()
+              if k != exclude and p.method == "eagle3" and p.draft_steps and 1 in p.step_ms]
+    return float(max(0.0, np.median(values))) if values else None
+
+
+def sglang_graph_max_bs(params: dict[str, str]) -> int | None:
+    """SGLang's CUDA-graph decode batch limit from the site's engine args, where set."""
+    def as_list(v) -> list:
+        return [str(a) for a in v] if isinstance(v, list | tuple) else ast.literal_eval(v or "[]")
+    try:
+        args = as_list(params.get("site.engine_args.sglang")) + as_list(params.get("engine.extra_args"))
+    except (ValueError, SyntaxError):
+        return None
+    for flag in ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"):
+        if flag in args[:-1]:
+            try:
+                return int(args[args.index(flag) + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def sglang_inputs(points: dict[str, StepPoint], run, base_metrics: dict[str, float]) -> tuple[dict, str]:
+    """predict_run keyword arguments for an SGLang run from the SGLang probe (leave-one-out) and a note."""
+    params, run_id = run.data.params, run.info.run_id
+    max_c = sglang_graph_max_bs(params)
+    kw: dict = {"profile_max_c": max_c}
+    fit = fit_verify_cost(points, exclude=run_id)
+    if fit is None:
+        return kw, "verification cost: no SGLang probe (needs single-stream baseline and NGRAM runs), b_tok = b_seq"
+    kw |= {"b_tok_ms": max(fit.b_tok_ms, 0.0), "spec_overhead_ms": fit.spec_overhead_ms}
+    note = (f"verification cost: SGLang probe over {len(fit.runs)} runs, (c, q) = {fit.points}: "
+            f"b_tok {fit.b_tok_ms:.3g} ms/token, speculative-step overhead {fit.spec_overhead_ms:.3g} ms, "
+            f"b_seq {fit.b_seq_ms:.3g} ms")
+    if params.get("spec.method") == "eagle3":
+        draft = eagle_draft_ms(points, fit, exclude=run_id)
+        if draft is not None:
+            t11 = baseline_profile(base_metrics, max_c=max_c).step_ms(1, 1.0)
+            kw["draft_step_cost"] = draft / t11
+            note += f"; EAGLE-3 draft {draft:.3g} ms per draft step (other EAGLE-3 runs)"
+    if max_c:
+        note += f"; baseline profile from levels <= {max_c} (CUDA-graph limit)"
+    return kw, note
+
+
+def level_flags(run, base_run, points: dict[str, StepPoint], c: int) -> str:
+    """Why a level's measurement is outside what the model describes ('' when nothing is known)."""
+    flags = []
+    max_c = sglang_graph_max_bs(run.data.params)
+    if max_c is not None and c > max_c:
+        flags.append(f"c{c} > --cuda-graph-max-bs-decode {max_c}: eager decode, profile fitted on CUDA-graph levels")
+    for r, who in ((run, "option"), (base_run, "baseline")):
+        p = points.get(r.info.run_id)
+        wall = r.data.metrics.get(f"wall_s_c{c}")
+        if p and wall and p.pauses.get(c, 0.0) >= PAUSE_SHARE * wall:
+            flags.append(f"{who} paused {p.pauses[c]:.2f} s ({100 * p.pauses[c] / wall:.0f} % of the level's "
+                         f"{wall:.2f} s wall; first-batch warm-up on a fresh server)")
+    return "; ".join(flags)
+
 
 def error_table(client, experiment: str, use_replay: bool = True, use_probe: bool = True,
                 log: bool = False) -> list[dict]:
@@ -48,6 +226,7 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
     by_id = {r.info.run_id: r for r in runs}
     ngram = ngram_sources(client, runs)
     slopes = probe_slopes(ngram) if use_probe else {}
+    points = sglang_step_points(client, runs)
     rows = []
     for run in runs:
         base_id = run.data.tags.get("specws.baseline_run_id")
@@ -55,10 +234,17 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
             continue
         replayed = replayed_tokens_per_step(*ngram[run.info.run_id]) if use_replay and run.info.run_id in ngram \
             else None
-        b_tok = probe_b_tok(slopes, exclude=run.info.run_id)
+        kw: dict = {}
+        if run.data.params.get("engine.name") == "sglang":
+            kw, cost_note = sglang_inputs(points if use_probe else {}, run, by_id[base_id].data.metrics)
+        else:
+            b_tok = probe_b_tok(slopes, exclude=run.info.run_id)
+            kw = {"b_tok_ms": b_tok}
+            cost_note = f"verification cost: {'b_tok = b_seq' if b_tok is None else f'probe {b_tok:.3g} ms/token'}"
+        b_tok = kw.get("b_tok_ms")
         try:
             pred = predict_run(run.data.metrics, run.data.params, by_id[base_id].data.metrics,
-                               tokens_per_step=replayed, b_tok_ms=b_tok)
+                               tokens_per_step=replayed, **kw)
         except PredictionUnavailable as exc:
             rows.append({"run": run.info.run_id, "error": str(exc)})
             continue
@@ -68,7 +254,7 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
                                                        for k, v in pred.items()])
             client.set_tag(run.info.run_id, "specws.prediction",
                            f"speedup_model table --log; acceptance: {'replay' if replayed else 'engine counters'}; "
-                           f"verification cost: {'b_tok = b_seq' if b_tok is None else f'probe {b_tok:.3g} ms/token'}")
+                           f"{cost_note}")
         for c in levels_of(run.data.metrics):
             if f"predicted_output_tok_s_c{c}" in pred:
                 measured = run.data.metrics[f"output_tok_s_c{c}"]
@@ -77,7 +263,9 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
                              "workload": run.data.tags.get("specws.workload"), "method": run.data.params["spec.method"],
                              "k": draft_length(run.data.params)[1], "concurrency": c,
                              "acceptance_source": "replay" if replayed else "engine counters",
-                             "b_tok_ms": b_tok,
+                             "b_tok_ms": b_tok, "spec_overhead_ms": kw.get("spec_overhead_ms", 0.0),
+                             "draft_step_cost": kw.get("draft_step_cost"), "note": cost_note,
+                             "flag": level_flags(run, by_id[base_id], points, c),
                              "tokens_per_step": pred[f"predicted_tokens_per_step_c{c}"],
                              "baseline_tok_s": by_id[base_id].data.metrics[f"output_tok_s_c{c}"],
                              "measured_tok_s": measured, "predicted_tok_s": predicted,
@@ -123,6 +311,14 @@ def predict_live(client, experiment_id: str, run_id: str, option: dict[str, floa
             notes.append("acceptance: replay of the records")
         except (ReplayInputError, KeyError, ValueError) as exc:
             notes.append(f"acceptance: engine counters (no replay: {exc})")
+    if params.get("engine.name") == "sglang":
+        # every finished SGLang run of the experiment (baselines, NGRAM of any draft length, EAGLE-3)
+        runs = client.search_runs([experiment_id], "attributes.status = 'FINISHED' and tags.`specws.mode` = 'measure'",
+                                  max_results=2000)
+        points = sglang_step_points(client, [r for r in runs if r.info.run_id != run_id])
+        kw, note = sglang_inputs(points, _Run(run_id, params), base)
+        notes.append(note)
+        return predict_run(option, params, base, drafts_by_level, tokens_per_step, **kw), "; ".join(notes)
     runs = client.search_runs([experiment_id], "attributes.status = 'FINISHED' and params.`spec.method` = 'ngram'"
                               " and tags.`specws.mode` = 'measure'", max_results=6,
                               order_by=["attributes.start_time DESC"])
@@ -130,5 +326,12 @@ def predict_live(client, experiment_id: str, run_id: str, option: dict[str, floa
     notes.append("verification cost: " + ("no probe, b_tok = b_seq" if b_tok is None
                                           else f"probe {b_tok:.3g} ms/token"))
     return predict_run(option, params, base, drafts_by_level, tokens_per_step, b_tok_ms=b_tok), "; ".join(notes)
+
+
+class _Run:
+    """The run being measured, shaped like an MLflow run for sglang_inputs (params and id only)."""
+    def __init__(self, run_id: str, params: dict[str, str]):
+        self.info = type("Info", (), {"run_id": run_id})()
+        self.data = type("Data", (), {"params": params})()
 
 
