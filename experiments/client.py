@@ -134,6 +134,7 @@ class WorkloadRunner:
                                                  self.temperature, self.model)
         start = time.perf_counter()
         rec.start_s = start - t0
+        parse_raw, parse_event = self.adapter.parse_raw, self.adapter.parse_event
         try:
             async with client.post(path, json=body) as resp:
                 if resp.status != 200:
@@ -141,13 +142,16 @@ class WorkloadRunner:
                     return
                 async for raw in resp.content:   # one SSE line at a time
                     now = time.perf_counter() - start   # arrival, before any parsing
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
+                    if not raw.startswith(b"data:"):   # SSE: the field name starts the line
+                        raw = raw.strip()
+                        if not raw.startswith(b"data:"):
+                            continue
+                    data = raw[5:].strip()              # one copy of a (cumulative, growing) event
                     if data == b"[DONE]":
                         break
-                    delta = self.adapter.parse_event(parse_json(data), len(rec.output_token_ids))
+                    # SGLang's events are cumulative: read only their new tail where possible
+                    n = len(rec.output_token_ids)
+                    delta = parse_raw(data, n) or parse_event(parse_json(data), n)
                     if delta.token_ids:
                         if rec.ttft_s is None:
                             rec.ttft_s = now

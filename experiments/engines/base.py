@@ -95,6 +95,10 @@ class EngineAdapter(ABC):
     @abstractmethod
     def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta: ...
 
+    def parse_raw(self, data: bytes, tokens_so_far: int) -> StreamDelta | None:
+        """A cheaper parse of an event's raw bytes where the protocol allows one; None: use parse_event."""
+        return None
+
     @abstractmethod
     def topk_request(self, prompt_ids: list[int], model: str) -> tuple[str, dict]:
         """(path, body) of a one-token request returning the most likely next tokens (TOPK of them)."""
