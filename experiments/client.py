@@ -81,8 +81,17 @@ class WorkloadRunner:
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), refresh_per_second=2) as progress:
                 for level in levels:
+                    if warmup and level > 1:
+                        await self._warm_level(client, prompts, level)
                     results.append(await self._level(client, progress, prompts, level, repetitions))
             return results
+
+    async def _warm_level(self, client, prompts, level) -> None:
+        """One unrecorded batch at this concurrency first: an engine's first batch of a new size can stall on
+        one-off work (SGLang on the H200: the first c4 batch waited 0.5 s, which cost A 3x at c4)."""
+        batch = [prompts[i % len(prompts)] for i in range(level)]
+        await asyncio.gather(*(self._request(client, RequestRecord(0, 0, p.id, p.token_ids), time.perf_counter())
+                               for p in batch))
 
     async def _level(self, client, progress, prompts, level, repetitions) -> LevelResult:
         jobs = [(rep, p) for rep in range(repetitions) for p in prompts]

@@ -39,6 +39,7 @@ WHEELS = [
     "orjson", "pybase64", "pyzmq", "msgspec", "setproctitle", "dill", "openai==2.6.1", "sniffio", "distro",
     "partial-json-parser", "compressed-tensors", "loguru", "gguf", "ipython", "traitlets", "jsonschema",
     "referencing", "rpds-py", "jsonschema-specifications", "soundfile", "cffi",
+    "cuda-tile==1.7.0",  # flashinfer 0.6.12's comm package imports cuda.tile: SGLang's DeepSeek model needs it
     "hydra-core==1.3.2", "omegaconf==2.3.0",  # the workspace's runner
 ]
 SDIST_ONLY = ["antlr4-python3-runtime==4.9.3"]  # omegaconf's parser runtime: built into a wheel here

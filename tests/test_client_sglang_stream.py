@@ -72,3 +72,20 @@ def test_incremental_records_equal_whole_event_records(tmp_path: Path, per_event
         untagged = [re.sub(r"^ r\d+\|", "", r["text"]) for r in (f, s)]   # the server's per-request serial
         assert untagged[0] == untagged[1] and untagged[0].startswith(" w0 w1")
         assert f["meta"] == s["meta"] and f["meta"]["finish_reason"] == {"type": "length"}
+
+
+def test_warm_up_batch_at_each_concurrency_is_not_recorded(tmp_path: Path) -> None:
+    """warmup=1: one request at c1, then one unrecorded batch of `level` requests before each level > 1."""
+    server = LoopbackProcess(ttft_ms=2.0, itl_ms=0.5, tokens_per_event=1)
+    prompts = [Prompt(f"p{i}", [100 + i, 1, 2]) for i in range(5)]
+    try:
+        served = {}
+        for warmup in (0, 1):
+            adapter = Counting(True)               # one whole-event parse per request: its finishing event
+            path = tmp_path / f"w{warmup}.jsonl"
+            WorkloadRunner(server, adapter, "loopback", 8, 0.0, 60, path).run(prompts, [1, 3], 1, warmup)
+            served[warmup] = adapter.whole
+            assert len(load_records(path)) == 2 * len(prompts)     # warm-ups never reach the records
+    finally:
+        server.stop()
+    assert served == {0: 10, 1: 10 + 1 + 3}

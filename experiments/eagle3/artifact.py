@@ -5,7 +5,9 @@
 
 The artifact is the vLLM-layout folder only (config.json, model.safetensors in bf16, specws_eagle3.json with how it
 was trained); `install` writes `<cache>/eagle3/heads/smollm2_135m` and its SGLang sibling (aux ids − 1). `install`
-leaves an existing head alone unless --force: a head trained here by `+option=D` lives at the same path.
+leaves an existing head alone unless --force. The committed head was trained on an H200 (`experiments.eagle3.gpu`,
+16,384 prompts, 891 steps; docs/option-d.md); `+option=D` trains into `<cache>/eagle3/heads/smollm2_135m-option-d`
+and `publish` promotes a head that measures better.
 """
 from __future__ import annotations
 

@@ -30,7 +30,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,14 +181,15 @@ def warm(server: Server, prompts: list[dict], max_new_tokens: int) -> None:
         server.generate(p["token_ids"], max_new_tokens)
 
 
-@contextmanager
-def served(server: Server, record: dict):
-    """Wait for the server, record start-up time or the error (the phase goes on), always stop it."""
+def served(server: Server, record: dict, body) -> None:
+    """Wait for the server, record start-up time, run `body`, or record the error (the phase goes on); always
+    stop the server. (A context manager cannot skip its body when the server never comes up.)"""
     try:
         record["healthy_after_s"] = server.wait_healthy()
-        yield
+        body()
     except Exception as exc:  # noqa: BLE001 - recorded, the phase goes on
         record["error"] = f"{exc!r}"
+        print(f"server failed: {exc!r}"[:2000], flush=True)
     finally:
         server.stop()
 
@@ -211,9 +211,10 @@ def phase_decode(a, prompts, out: Path) -> dict:
     server = Server(a.model, ["--disable-cuda-graph"], ["expert_telemetry"],
                     {"SPECWS_EXPERT_TELEMETRY_DIR": str(tel)}, out / "logs" / "decode.log")
     result = {"phase": "decode", "cmd": server.cmd, "passes": []}
-    with served(server, result):
+    def body() -> None:
         concurrency_passes(server, a, prompts, tel, "decode", result["passes"])
         result["extend"] = extend_pass(server, prompts, tel)
+    served(server, result, body)
     return result
 
 
@@ -229,11 +230,12 @@ def phase_ngram(a, prompts, out: Path) -> dict:
                         out / "logs" / f"ngram-k{k}.log")
         cfg = {"k": k, "cmd": server.cmd, "passes": []}
         result["configs"].append(cfg)
-        with served(server, cfg):
+        def grid(server=server, cfg=cfg, tel=tel, budget_file=budget_file, k=k) -> None:
             for b in a.budgets if k == a.budget_k else a.budgets[:1]:
                 budget_file.write_text(str(b))
                 time.sleep(0.05)
                 concurrency_passes(server, a, prompts, tel, f"ngram k={k} B={b}", cfg["passes"], budget=b)
+        served(server, cfg, grid)
     return result
 
 
@@ -244,8 +246,8 @@ def phase_graphs(a, prompts, out: Path) -> dict:
                         out / "logs" / f"graphs-B{b}.log")
         cfg = {"budget": b, "cmd": server.cmd, "passes": []}
         result["configs"].append(cfg)
-        with served(server, cfg):
-            concurrency_passes(server, a, prompts, None, f"graphs B={b}", cfg["passes"])
+        served(server, cfg, lambda server=server, cfg=cfg, b=b: concurrency_passes(
+            server, a, prompts, None, f"graphs B={b}", cfg["passes"]))
     return result
 
 
