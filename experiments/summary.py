@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from experiments.client import LevelResult
-from experiments.engines.base import Acceptance, EngineAdapter
+from experiments.engines.base import Acceptance, EngineAdapter, merge_acceptance
 
 PERCENTILES = (50, 90, 99)
 
@@ -59,9 +59,7 @@ def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
             chunks = sum(len(r.chunk_tokens) for r in level.records if r.error is None)
             if chunks:
                 s.per_level[level.concurrency]["steps_with_draft"] = min(1.0, acc.drafts / chunks)
-    first, last = levels[0], levels[-1]
-    all_metas = [r.meta for lv in levels for r in lv.records if r.meta]
-    s.acceptance = adapter.acceptance(first.metrics_before, last.metrics_after, all_metas)
+    s.acceptance = merge_acceptance(list(s.acceptance_per_level.values()))
     for c, m in s.per_level.items():
         s.metrics.update({f"{k}_c{c}": v for k, v in m.items()})
     single = s.per_level[min(s.per_level)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.engines.base import acceptance_from_positions
+from experiments.engines.base import acceptance_from_positions, merge_acceptance
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.pairing import compare_greedy, speedups
@@ -36,6 +36,26 @@ def test_vllm_acceptance_is_the_delta_over_the_window() -> None:
     # steps emitting exactly n tokens: 1 -> 10 %, 2 -> 16 %, 3 -> 18 %, 4 -> 26 %, 5 -> 30 %
     assert acc.length_histogram == pytest.approx({1: 0.10, 2: 0.16, 3: 0.18, 4: 0.26, 5: 0.30})
     assert sum(n * p for n, p in acc.length_histogram.items()) == pytest.approx(acc.accept_length)
+
+
+def test_run_acceptance_is_the_sum_of_its_levels_not_the_window_between() -> None:
+    """The run's figure adds the levels' counter deltas: a warm-up batch served between two levels (counters
+    moved 500 drafts in between here) does not count."""
+    adapter = VLLMAdapter()
+    snaps = [adapter.metrics_snapshot(metrics_text(*c)) for c in [
+        (10, 40, 20, [8, 6, 4, 2]), (110, 440, 270, [98, 80, 60, 32]),          # level c1: its window
+        (610, 2440, 270, [98, 80, 60, 32]),                                      # warm-up batch: all rejected
+        (710, 2840, 320, [128, 98, 66, 38])]]                                    # level c4: its window
+    c1, c4 = adapter.acceptance(snaps[0], snaps[1], []), adapter.acceptance(snaps[2], snaps[3], [])
+    run = merge_acceptance([c1, c4, None])
+    whole = acceptance_from_positions(200, 800, 300, [90 + 30, 74 + 18, 56 + 6, 30 + 6])
+    for field in ("drafts", "draft_tokens", "accepted_tokens"):
+        assert getattr(run, field) == getattr(whole, field)
+    assert run.accept_length == pytest.approx(whole.accept_length) == pytest.approx(2.5)
+    assert run.per_position == pytest.approx(whole.per_position)
+    assert run.length_histogram == pytest.approx(whole.length_histogram)
+    assert adapter.acceptance(snaps[0], snaps[3], []).accept_length < 1.5   # the window would count the warm-up
+    assert merge_acceptance([None]) is None
 
 
 def test_no_drafts_means_no_acceptance() -> None:

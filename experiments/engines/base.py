@@ -64,6 +64,27 @@ def acceptance_from_positions(drafts: int, draft_tokens: int, accepted: int,
                       length_histogram=hist)
 
 
+def merge_acceptance(parts: list[Acceptance]) -> Acceptance | None:
+    """One window's acceptance from several (the concurrency levels), weighted by their steps: the run's
+    figure excludes what happened between levels (the per-level warm-up batches)."""
+    parts = [a for a in parts if a is not None and a.drafts > 0]
+    if not parts:
+        return None
+    drafts = sum(a.drafts for a in parts)
+    draft_tokens, accepted = sum(a.draft_tokens for a in parts), sum(a.accepted_tokens for a in parts)
+    width = max(len(a.per_position) for a in parts)
+    per_pos = [sum(a.drafts * (a.per_position[i] if i < len(a.per_position) else 0.0) for a in parts) / drafts
+               for i in range(width)]
+    hist: dict[int, float] = {}
+    for a in parts:
+        for n, p in a.length_histogram.items():
+            hist[n] = hist.get(n, 0.0) + a.drafts * p / drafts
+    return Acceptance(drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted, per_position=per_pos,
+                      accept_length=1.0 + accepted / drafts,
+                      acceptance_rate=accepted / draft_tokens if draft_tokens else float("nan"),
+                      length_histogram=hist)
+
+
 class EngineAdapter(ABC):
     name: str
 
