@@ -26,8 +26,13 @@ from torch import nn
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's low / middle / high choice; vLLM's `get_eagle3_default_aux_hidden_state_layers`."""
-    return (2, num_layers // 2, num_layers - 3)
+    """EAGLE-3's low / middle / high choice; vLLM's `get_eagle3_default_aux_hidden_state_layers`. For a shallow
+    target (the 4-layer small MoE: vLLM's formula gives 2, 2, 1) three distinct layers spread over 1..L-1; the
+    head's config records them, so the engines capture those."""
+    ids = (2, num_layers // 2, num_layers - 3)
+    if list(ids) == sorted(set(ids)):
+        return ids
+    return (1, num_layers // 2, num_layers - 1) if num_layers >= 4 else tuple(range(num_layers))[-3:]
 
 
 @dataclass
