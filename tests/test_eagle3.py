@@ -18,7 +18,7 @@ from conftest import SMOLLM2, VLLM_PYTHON
 from safetensors.torch import load_file
 
 from experiments.eagle3.export import EXPECTED_TENSORS, export_head, load_head
-from experiments.eagle3.head import Eagle3Head, HeadConfig, _rope, select_draft_vocab
+from experiments.eagle3.head import Eagle3Head, HeadConfig, _rope, default_aux_layer_ids, select_draft_vocab
 
 TINY = HeadConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512, vocab_size=300,
@@ -330,3 +330,12 @@ def test_served_drafts_match_the_trainer_head(tmp_path, embedded_ready):
         assert max(r["prenorm_rel_err_per_step"]) < 0.02, r
         assert r["ours_drafts"][0] == r["vllm_drafts"][0], r
         assert r["decode_calls"] > 0 and min(r["decode_same_draft_per_step"]) >= 0.75, r
+
+
+def test_default_aux_layers_are_vllms_and_distinct_for_shallow_targets() -> None:
+    assert default_aux_layer_ids(30) == (2, 15, 27)          # SmolLM2: vLLM's low / middle / high
+    assert default_aux_layer_ids(61) == (2, 30, 58)          # Kimi-K2.5 / DeepSeek-V3 depth
+    assert default_aux_layer_ids(4) == (1, 2, 3)             # the small MoE: vLLM's formula would give 2, 2, 1
+    for layers in range(3, 64):
+        ids = default_aux_layer_ids(layers)
+        assert list(ids) == sorted(set(ids)) and len(ids) == 3 and ids[-1] < layers
