@@ -75,7 +75,7 @@ class WorkloadRunner:
                                          json_serialize=dump_json,
                                          connector=aiohttp.TCPConnector(limit=max(levels) + 2, ssl=False)) as client:
             for p in prompts[:warmup]:
-                await self._request(client, RequestRecord(0, 0, p.id, p.token_ids), time.perf_counter())
+                await self._unrecorded(client, p)
             results = []
             # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -89,9 +89,10 @@ class WorkloadRunner:
     async def _warm_level(self, client, prompts, level) -> None:
         """One unrecorded batch at this concurrency first: an engine's first batch of a new size can stall on
         one-off work (SGLang on the H200: the first c4 batch waited 0.5 s, which cost A 3x at c4)."""
-        batch = [prompts[i % len(prompts)] for i in range(level)]
-        await asyncio.gather(*(self._request(client, RequestRecord(0, 0, p.id, p.token_ids), time.perf_counter())
-                               for p in batch))
+        await asyncio.gather(*(self._unrecorded(client, prompts[i % len(prompts)]) for i in range(level)))
+
+    async def _unrecorded(self, client, prompt: Prompt) -> None:
+        await self._request(client, RequestRecord(0, 0, prompt.id, prompt.token_ids), time.perf_counter())
 
     async def _level(self, client, progress, prompts, level, repetitions) -> LevelResult:
         jobs = [(rep, p) for rep in range(repetitions) for p in prompts]

@@ -103,10 +103,6 @@ def repo_bytes() -> int:
     return sum((ROOT / n).stat().st_size for n in names.decode().split("\0") if n and (ROOT / n).is_file())
 
 
-PART_LIMIT = TRAVEL_LIMIT - MARGIN - 16 * 2**20   # replaced in build() by the measured repo size
-CHUNK = PART_LIMIT - 2**20
-
-
 def gzip_files(staging: Path) -> list[str]:
     """Gzip the model files worth it (safetensors of a small MoE halve; wheels are zips already)."""
     done = []
@@ -119,44 +115,45 @@ def gzip_files(staging: Path) -> list[str]:
     return done
 
 
-def _pieces(files: list[Path], staging: Path, chunks: dict) -> list[tuple[Path, str, int]]:
-    """(source, name in bundle, size); files above CHUNK are cut into chunks joined again on install."""
+def _pieces(files: list[Path], staging: Path, chunks: dict, chunk: int) -> list[tuple[Path, str, int]]:
+    """(source, name in bundle, size); files above `chunk` bytes are cut into chunks joined again on install."""
     pieces = []
     for path in files:
         rel = str(path.relative_to(staging))
         size = path.stat().st_size
-        if size <= CHUNK:
+        if size <= chunk:
             pieces.append((path, rel, size))
             continue
         data = path.read_bytes()
         names = []
-        for i in range(0, size, CHUNK):
-            names.append(f"{rel}.chunk{i // CHUNK:02d}")
+        for i in range(0, size, chunk):
+            names.append(f"{rel}.chunk{i // chunk:02d}")
             piece = staging.parent / "chunks" / names[-1]
             piece.parent.mkdir(parents=True, exist_ok=True)
-            piece.write_bytes(data[i:i + CHUNK])
+            piece.write_bytes(data[i:i + chunk])
             pieces.append((piece, names[-1], piece.stat().st_size))
         chunks[rel] = {"chunks": names, "sha256": hashlib.sha256(data).hexdigest()}
     return pieces
 
 
-def _first_fit(pieces: list[tuple[Path, str, int]]) -> list[list[tuple[Path, str, int]]]:
+def _first_fit(pieces: list[tuple[Path, str, int]], limit: int) -> list[list[tuple[Path, str, int]]]:
     parts: list[list[tuple[Path, str, int]]] = []
     for piece in sorted(pieces, key=lambda p: -p[2]):
-        slot = next((p for p in parts if sum(x[2] for x in p) + piece[2] <= PART_LIMIT), None)
+        slot = next((p for p in parts if sum(x[2] for x in p) + piece[2] <= limit), None)
         if slot is None:
             parts.append(slot := [])
         slot.append(piece)
     return parts
 
 
-def split_parts(staging: Path, out: Path, gzipped: list[str] | None = None) -> dict:
+def split_parts(staging: Path, out: Path, part_limit: int, gzipped: list[str] | None = None) -> dict:
     """The model and what converts it travel first (work can start on the host while wheels arrive)."""
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     first = [p for p in files if p.parent.name in ("model", "tokenizer") or p.name.startswith("gguf-")]
     chunks: dict[str, dict] = {}
-    parts = _first_fit(_pieces(first, staging, chunks))
-    parts += _first_fit(_pieces([p for p in files if p not in first], staging, chunks))
+    chunk = part_limit - 2**20
+    parts = _first_fit(_pieces(first, staging, chunks, chunk), part_limit)
+    parts += _first_fit(_pieces([p for p in files if p not in first], staging, chunks, chunk), part_limit)
     placed = {}
     for n, part in enumerate(parts, 1):
         for src, rel, _ in part:
@@ -171,10 +168,8 @@ def split_parts(staging: Path, out: Path, gzipped: list[str] | None = None) -> d
 
 
 def build(out: Path, tokenizer_dir: Path, extra: list[Path]) -> None:
-    global PART_LIMIT, CHUNK
-    PART_LIMIT = TRAVEL_LIMIT - MARGIN - repo_bytes()
-    CHUNK = PART_LIMIT - 2**20
-    print(f"bundle: parts of at most {PART_LIMIT / 2**20:.1f} MiB (the repo travels too)")
+    part_limit = TRAVEL_LIMIT - MARGIN - repo_bytes()
+    print(f"bundle: parts of at most {part_limit / 2**20:.1f} MiB (the repo travels too)")
     if out.exists():
         shutil.rmtree(out)
     staging = out / "staging"
@@ -185,7 +180,7 @@ def build(out: Path, tokenizer_dir: Path, extra: list[Path]) -> None:
     model_files(staging / "model", tokenizer_dir)
     for folder in extra:  # e.g. EAGLE-3 heads: extras/<name>/...
         shutil.copytree(folder, staging / "extras" / folder.name)
-    manifest = split_parts(staging, out, gzip_files(staging))
+    manifest = split_parts(staging, out, part_limit, gzip_files(staging))
     shutil.rmtree(staging)
     shutil.rmtree(out / "chunks", ignore_errors=True)
     sizes = [sum(f.stat().st_size for f in (out / f"p{n}").rglob("*")) / 2**20

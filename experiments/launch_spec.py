@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
-import socket
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
@@ -43,35 +41,12 @@ class LaunchSpec:
         return {"engine": self.engine, "argv": self.argv, "env": self.env, "key": self.key, **self.extra}
 
 
-PORT_RANGE = (20000, 32000)
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
-    """`preferred` when it is free, otherwise a port the kernel hands out as free right now."""
-    if preferred and port_is_free(preferred, host):
-        return preferred
-    # Not the kernel's ephemeral range (32768-60999): SGLang derives more ports from this one (0.5.14 refused
-    # SGLANG_GRPC_PORT = port + 10000 > 65535).
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(*PORT_RANGE)
-        if port_is_free(port, host):
-            return port
-    raise OSError(f"no free port in {PORT_RANGE} on {host}")
-
-
 def sglang_patches_for(cfg: DictConfig) -> list[str]:
     """The patches the launcher applies: the site's, then the option's (E: moe_budget), then expert_telemetry
-    when spec.moe_telemetry is on (after moe_budget, so that it counts the budgeted experts)."""
+    when spec.moe_telemetry is on (after moe_budget, so that it counts the budgeted experts); none for an
+    engine other than SGLang."""
+    if cfg.engine.name != "sglang":
+        return []
     option = cfg.option.get("patches") if cfg.get("option") else None
     names = [*cfg.site.patches, *(option or []), *(["expert_telemetry"] if cfg.spec.get("moe_telemetry") else [])]
     return list(dict.fromkeys(str(n) for n in names))
@@ -93,7 +68,7 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     if hasattr(adapter, "args_for_installed_version"):
         args = adapter.args_for_installed_version(cfg.engine.python, args)
     env = {**OmegaConf.to_container(cfg.engine.env), **OmegaConf.to_container(cfg.site.env)}
-    patches = sglang_patches_for(cfg) if cfg.engine.name == "sglang" else []
+    patches = sglang_patches_for(cfg)
     if cfg.engine.module == "sglang_patches.launch":   # the patch launcher in front of SGLang's entry point
         from sglang_patches.launch import launcher_env
         env |= launcher_env(patches, cfg.site.name, str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")))

@@ -44,7 +44,7 @@ def check_patches(cfg: DictConfig) -> None:
     """Patches exist and reach SGLang through the launcher; a budget is a positive integer (B >= the model's
     routed experts = unbudgeted); expert telemetry runs without CUDA graphs (graph replays run no Python)."""
     from experiments.launch_spec import sglang_patches_for
-    patches = sglang_patches_for(cfg) if cfg.engine.name == "sglang" else []
+    patches = sglang_patches_for(cfg)
     try:
         resolve(patches)
     except UnknownPatch as exc:

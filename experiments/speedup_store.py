@@ -176,9 +176,9 @@ def sglang_graph_max_bs(params: dict[str, str]) -> int | None:
     return None
 
 
-def sglang_inputs(points: dict[str, StepPoint], run, base_metrics: dict[str, float]) -> tuple[dict, str]:
+def sglang_inputs(points: dict[str, StepPoint], run_id: str, params: dict[str, str],
+                  base_metrics: dict[str, float]) -> tuple[dict, str]:
     """predict_run keyword arguments for an SGLang run from the SGLang probe (leave-one-out) and a note."""
-    params, run_id = run.data.params, run.info.run_id
     max_c = sglang_graph_max_bs(params)
     kw: dict = {"profile_max_c": max_c}
     fit = fit_verify_cost(points, exclude=run_id)
@@ -236,7 +236,8 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
             else None
         kw: dict = {}
         if run.data.params.get("engine.name") == "sglang":
-            kw, cost_note = sglang_inputs(points if use_probe else {}, run, by_id[base_id].data.metrics)
+            kw, cost_note = sglang_inputs(points if use_probe else {}, run.info.run_id, run.data.params,
+                                          by_id[base_id].data.metrics)
         else:
             b_tok = probe_b_tok(slopes, exclude=run.info.run_id)
             kw = {"b_tok_ms": b_tok}
@@ -316,7 +317,7 @@ def predict_live(client, experiment_id: str, run_id: str, option: dict[str, floa
         runs = client.search_runs([experiment_id], "attributes.status = 'FINISHED' and tags.`specws.mode` = 'measure'",
                                   max_results=2000)
         points = sglang_step_points(client, [r for r in runs if r.info.run_id != run_id])
-        kw, note = sglang_inputs(points, _Run(run_id, params), base)
+        kw, note = sglang_inputs(points, run_id, params, base)
         notes.append(note)
         return predict_run(option, params, base, drafts_by_level, tokens_per_step, **kw), "; ".join(notes)
     runs = client.search_runs([experiment_id], "attributes.status = 'FINISHED' and params.`spec.method` = 'ngram'"
@@ -326,12 +327,3 @@ def predict_live(client, experiment_id: str, run_id: str, option: dict[str, floa
     notes.append("verification cost: " + ("no probe, b_tok = b_seq" if b_tok is None
                                           else f"probe {b_tok:.3g} ms/token"))
     return predict_run(option, params, base, drafts_by_level, tokens_per_step, b_tok_ms=b_tok), "; ".join(notes)
-
-
-class _Run:
-    """The run being measured, shaped like an MLflow run for sglang_inputs (params and id only)."""
-    def __init__(self, run_id: str, params: dict[str, str]):
-        self.info = type("Info", (), {"run_id": run_id})()
-        self.data = type("Data", (), {"params": params})()
-
-

@@ -124,7 +124,7 @@ def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
 
 def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
     from experiments.launch_spec import sglang_patches_for
-    requested = sglang_patches_for(cfg) if cfg.engine.name == "sglang" else []
+    requested = sglang_patches_for(cfg)
     return moe_budget_tags(cfg, requested) | {
         "specws.option": cfg.option.name, "specws.site": cfg.site.name, "specws.model": cfg.model.name,
         "specws.engine": cfg.engine.name, "specws.engine_version": engine_version,

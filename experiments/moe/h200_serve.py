@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,23 +30,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from experiments.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = Path(__file__).with_name("prompts.json")
 H200_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
              "--mem-fraction-static", "0.35", "--cuda-graph-max-bs-decode", "8", "--context-length", "2048"]
-
-
-def free_port() -> int:
-    """Outside the kernel's ephemeral range, as experiments/launch_spec.py: SGLang 0.5.14 derives its gRPC port
-    as port + 10000 and refuses one above 65535."""
-    for port in random.Random().sample(range(20000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise OSError("no free port in 20000-32000")
 
 
 def ngram_args(k: int) -> list[str]:
