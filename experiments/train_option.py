@@ -49,6 +49,7 @@ def _train(cfg: DictConfig, client: MlflowClient, run_id: str) -> dict:
     metrics = train_head(out, seed=t.seed, steps=t.steps, ttt_steps=t.ttt_steps, time_budget_s=t.minutes * 60,
                          draft_vocab_size=t.draft_vocab_size, learning_rate=t.learning_rate,
                          num_prompts=t.num_prompts, max_new_tokens=t.max_new_tokens, model_path=str(cfg.model.path),
+                         synthetic_prompts=int(t.get("synthetic_prompts", 0)),
                          device=str(t.get("device", "auto")),
                          log=lambda name, value, step: client.log_metric(run_id, name, float(value), step=step))
     scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}

@@ -268,6 +268,24 @@ def test_corpus_is_large_varied_and_seeded():
     assert not serving & set(texts)          # the serving prompt sets stay held out
 
 
+@pytest.mark.slow
+def test_synthetic_prompts_are_seeded_finished_and_held_out(embedded_ready):
+    """The target writes user turns itself: same seed → same prompts; an excluded text never comes back."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from experiments.eagle3.synth_prompts import synthesize_prompts, user_turn_prefix
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2)
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32).eval()
+    assert tok.decode(user_turn_prefix(tok)).endswith("<|im_start|>user\n")
+    first = synthesize_prompts(model, tok, 6, 0, set(), batch_size=8, progress=lambda _: None)
+    assert len(set(first)) == 6 and all(len(t.split()) >= 4 and "<|im_end|>" not in t for t in first)
+    assert synthesize_prompts(model, tok, 6, 0, set(), batch_size=8, progress=lambda _: None) == first
+    again = synthesize_prompts(model, tok, 6, 0, {first[0]}, batch_size=8, progress=lambda _: None)
+    assert first[0] not in again and again[:5] == first[1:6]
+
+
 def test_option_c_sweeps_draft_tokens_with_the_steps():
     from conftest import compose_cfg
 
@@ -300,13 +318,17 @@ def test_gpu_command_needs_no_hydra_or_mlflow(tmp_path, embedded_ready):
             "from experiments.eagle3.gpu import main\nmain(sys.argv[1:])")
     out = subprocess.run(
         [sys.executable, "-c", code, "--model", str(SMOLLM2), "--out", str(tmp_path / "out"), "--work",
-         str(tmp_path / "work"), "--num-prompts", "6", "--max-new-tokens", "6", "--gen-batch", "6", "--steps", "2",
-         "--batch-tokens", "512", "--warmup-steps", "1", "--ttt-steps", "2", "--eval-sets", "--device", "cpu"],
+         str(tmp_path / "work"), "--num-prompts", "6", "--synthetic-prompts", "3", "--max-new-tokens", "6",
+         "--gen-batch", "6", "--steps", "2", "--batch-tokens", "512", "--warmup-steps", "1",
+         "--ttt-steps", "2", "--eval-sets", "--device", "cpu"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     head = tmp_path / "out" / "smollm2_135m-gpu"
     metrics = json.loads((head / "specws_eagle3.json").read_text())
     assert metrics["steps"] == 2 and metrics["device"] == "cpu" and metrics["num_prompts"] == 6
+    assert metrics["synthetic_prompts"] == 3
+    rows = [json.loads(line) for f in (tmp_path / "work" / "data").glob("*.jsonl") for line in f.open()]
+    assert [r["kind"] for r in rows].count("synthetic") == 3 and len(rows) == 9
     assert sorted(load_file(str(head / "model.safetensors"))) == EXPECTED_TENSORS
     assert (tmp_path / "out" / "smollm2_135m-gpu-sglang" / "config.json").exists()
 

@@ -253,6 +253,7 @@ class DataSettings:
     batch_size: int = 64
     dtype: str = "bfloat16"     # the engines serve the target in bfloat16: its greedy answers are the ones to learn
     device: str = "cpu"
+    synthetic_prompts: int = 0  # extra prompts the target writes itself (synth_prompts.py), after the templates
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self._ident(), sort_keys=True).encode()).hexdigest()[:16]
@@ -261,6 +262,8 @@ class DataSettings:
         cfg = Path(self.model_path, "config.json")
         model_id = hashlib.sha256(cfg.read_bytes()).hexdigest()[:12] if cfg.exists() else self.model_path
         d = {**asdict(self), "model_path": model_id, "corpus": CORPUS_VERSION}
+        if not self.synthetic_prompts:
+            drop = (*drop, "synthetic_prompts")     # template-only corpora keep the keys they had before the field
         return {k: v for k, v in d.items() if k not in drop}
 
     def answers_key(self) -> str:
@@ -336,6 +339,13 @@ def generate_responses(s: DataSettings, progress: Callable[[str], None] = print)
     tok = AutoTokenizer.from_pretrained(s.model_path)
     model = AutoModelForCausalLM.from_pretrained(s.model_path, dtype=getattr(torch, s.dtype)).eval().to(s.device)
     rows = build_prompts(s.num_prompts, s.seed)
+    if s.synthetic_prompts:
+        from experiments.eagle3.synth_prompts import synthesize_prompts
+
+        texts = synthesize_prompts(model, tok, s.synthetic_prompts, s.seed, serving_prompts() | {
+            r["messages"][0]["content"] for r in rows}, batch_size=s.batch_size, progress=progress)
+        rows += [{"id": f"synthetic-{i}", "kind": "synthetic", "messages": [{"role": "user", "content": t}]}
+                 for i, t in enumerate(texts)]
     known = _reusable_answers(s)
     for r in rows:
         r["prompt_ids"] = chat_ids(tok, r["messages"])

@@ -47,7 +47,7 @@ def run(a: argparse.Namespace) -> dict:
     progress(f"device {device} ({torch.cuda.get_device_name(0) if gpu else 'cpu'}), torch {torch.__version__}")
     cfg = HeadConfig.from_target(AutoConfig.from_pretrained(a.model), a.draft_vocab_size)
     ds = DataSettings(str(a.model), num_prompts=a.num_prompts, seed=a.seed, max_new_tokens=a.max_new_tokens,
-                      batch_size=a.gen_batch, device=device)
+                      batch_size=a.gen_batch, device=device, synthetic_prompts=a.synthetic_prompts)
     rows = load_rows(generate_responses(ds, progress))
     t_data = time.time() - t_start
     target = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval().to(device)
@@ -78,7 +78,7 @@ def run(a: argparse.Namespace) -> dict:
             raise RuntimeError(f"{p} is {p.stat().st_size} bytes, over the 16 MiB transfer limit")
     metrics.update(data_seconds=t_data, total_seconds=time.time() - t_start, data_key=ds.key(),
                    aux_layer_ids=list(cfg.aux_layer_ids), target=str(a.model), device=device,
-                   num_prompts=a.num_prompts, max_new_tokens=a.max_new_tokens,
+                   num_prompts=a.num_prompts, synthetic_prompts=a.synthetic_prompts, max_new_tokens=a.max_new_tokens,
                    exported={k: str(v) for k, v in paths.items()})
     Path(paths["vllm"], "specws_eagle3.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     accs = " / ".join(f"{metrics[f'val_acc_{k}']:.3f}" for k in range(a.ttt_steps))
@@ -97,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="smollm2_135m-gpu")
     p.add_argument("--work", type=Path, default=Path("/tmp/specws_eagle3_work"), help="answers cache")
     p.add_argument("--device", default="auto")
-    p.add_argument("--num-prompts", type=int, default=16384)
+    p.add_argument("--num-prompts", type=int, default=16384, help="template prompts (data.py)")
+    p.add_argument("--synthetic-prompts", type=int, default=24576,
+                   help="+ prompts the target writes itself (synth_prompts.py)")
     p.add_argument("--max-new-tokens", type=int, default=192)
-    p.add_argument("--gen-batch", type=int, default=2048, help="prompts per generate() batch")
+    p.add_argument("--gen-batch", type=int, default=4096, help="prompts per generate() batch")
     p.add_argument("--feature-tokens", type=int, default=65536, help="tokens per feature-extraction batch")
-    p.add_argument("--minutes", type=float, default=3.0, help="training-loop budget")
+    p.add_argument("--minutes", type=float, default=4.0, help="training-loop budget")
     p.add_argument("--steps", type=int, default=None, help="fixed optimizer steps (default: from --minutes)")
     p.add_argument("--batch-tokens", type=int, default=32768)
     p.add_argument("--lr", type=float, default=2e-3)

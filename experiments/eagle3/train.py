@@ -296,7 +296,8 @@ def resolve_device(device: str) -> str:
 def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs: float | None = None,
                ttt_steps: int = 3, time_budget_s: float = 600.0, draft_vocab_size: int = 4096,
                learning_rate: float = 1e-3, aux_layer_ids: tuple[int, ...] | None = None, num_prompts: int = 512,
-               max_new_tokens: int = 128, model_path: str | Path | None = None, shuffle_labels: bool = False,
+               max_new_tokens: int = 128, synthetic_prompts: int = 0, model_path: str | Path | None = None,
+               shuffle_labels: bool = False,
                batch_tokens: int = 2048, compile: bool = False, device: str = "auto", val_fraction: float = 0.05,
                log: Log | None = None,
                progress: Callable[[str], None] = print) -> dict:
@@ -321,7 +322,8 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     t0 = time.time()
     gpu = device != "cpu"
     fs = FeatureSettings(DataSettings(model_path, num_prompts=num_prompts, seed=seed, max_new_tokens=max_new_tokens,
-                                      batch_size=512 if gpu else 64, device=device),
+                                      batch_size=512 if gpu else 64, device=device,
+                                      synthetic_prompts=synthetic_prompts),
                          cfg.aux_layer_ids, tokens_per_batch=65536 if gpu else 4096, device=device)
     feats = Features.load(build_features(fs, progress)).to(device)
     t_data = time.time() - t0
