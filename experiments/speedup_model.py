@@ -239,6 +239,11 @@ def sglang_verified_per_step(params: dict[str, str]) -> float | None:
     EAGLE-3 with topk 1: num_steps + 1). None for other engines (vLLM: 1 + drafted tokens)."""
     if params.get("engine.name") != "sglang" or params.get("spec.method", "none") == "none":
         return None
+    if params.get("spec.method") == "eagle3" and str(params.get("spec.topk")) == "1":
+        try:   # SGLang sets num_draft_tokens = num_steps + 1 whatever was passed (arg_groups/speculative_hook.py)
+            return float(int(params["spec.num_steps"]) + 1)
+        except (KeyError, ValueError, TypeError):
+            pass
     try:
         return float(int(params["spec.num_draft_tokens"]))
     except (KeyError, ValueError, TypeError):   # TypeError: None from a live config

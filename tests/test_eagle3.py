@@ -311,6 +311,35 @@ def test_committed_head_installs_for_both_engines(tmp_path):
     assert (ARTIFACT / "model.safetensors").stat().st_size < 16 * 1024 * 1024
 
 
+def test_install_replaces_an_earlier_committed_head_but_not_a_users(tmp_path, monkeypatch):
+    """A head copied by an earlier install is replaced when the committed one changes; a head the user trained
+    or changed into that folder is never touched without --force."""
+    from safetensors.torch import save_file
+
+    from experiments.eagle3 import artifact
+
+    if not (artifact.ARTIFACT / "model.safetensors").exists():
+        pytest.skip("no committed head")
+    dst, committed = tmp_path / "cache" / "smollm2_135m", artifact.ARTIFACT
+    assert artifact.install(dst) is not None
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "config.json").write_bytes((artifact.ARTIFACT / "config.json").read_bytes())
+    tensors = load_file(str(artifact.ARTIFACT / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, str(newer / "model.safetensors"))
+    monkeypatch.setattr(artifact, "ARTIFACT", newer)
+    assert artifact.install(dst) is not None                         # the committed head changed: replaced
+    assert (dst / "model.safetensors").read_bytes() == (newer / "model.safetensors").read_bytes()
+    assert artifact.install(dst) is None                             # and now current
+    monkeypatch.setattr(artifact, "ARTIFACT", committed)
+    user_bytes = (committed / "model.safetensors").read_bytes()
+    (dst / "model.safetensors").write_bytes(user_bytes[:-1] + b" ")  # the user's own head in that folder
+    assert artifact.install(dst) is None
+    assert (dst / "model.safetensors").read_bytes() == user_bytes[:-1] + b" "
+
+
 @pytest.mark.slow
 def test_gpu_command_needs_no_hydra_or_mlflow(tmp_path, embedded_ready):
     """The H200 command end to end on the CPU, tiny, with OmegaConf / Hydra / MLflow made unimportable."""

@@ -130,3 +130,18 @@ def test_probe_recovers_a_known_verification_cost() -> None:
     slopes = probe_slopes({"run": (seqs, cfg)})
     assert slopes["run"] == pytest.approx(0.7, abs=0.05)
     assert probe_b_tok(slopes, exclude="run") is None
+
+
+def test_sglang_verified_tokens_follow_sglangs_topk1_rule() -> None:
+    """SGLang verifies num_steps + 1 tokens for EAGLE-3 with topk 1 whatever num_draft_tokens says (runs of
+    session 4 were launched with 4 at 1-5 steps); n-gram and topk > 1 verify num_draft_tokens; vLLM: None."""
+    from experiments.speedup_model import sglang_verified_per_step
+
+    eagle = {"engine.name": "sglang", "spec.method": "eagle3", "spec.num_draft_tokens": "4"}
+    assert [sglang_verified_per_step({**eagle, "spec.topk": "1", "spec.num_steps": str(n)})
+            for n in (1, 3, 5)] == [2.0, 4.0, 6.0]
+    assert sglang_verified_per_step({**eagle, "spec.topk": "4", "spec.num_steps": "5",
+                                     "spec.num_draft_tokens": "8"}) == 8.0
+    assert sglang_verified_per_step({"engine.name": "sglang", "spec.method": "ngram",
+                                     "spec.num_draft_tokens": "8"}) == 8.0
+    assert sglang_verified_per_step({**eagle, "engine.name": "vllm", "spec.topk": "1", "spec.num_steps": "3"}) is None

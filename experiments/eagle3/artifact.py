@@ -5,13 +5,15 @@
 
 The artifact is the vLLM-layout folder only (config.json, model.safetensors in bf16, specws_eagle3.json with how it
 was trained); `install` writes `<cache>/eagle3/heads/smollm2_135m` and its SGLang sibling (aux ids − 1). `install`
-leaves an existing head alone unless --force. The committed head was trained on an H200 (`experiments.eagle3.gpu`,
-16,384 prompts, 891 steps; docs/option-d.md); `+option=D` trains into `<cache>/eagle3/heads/smollm2_135m-option-d`
-and `publish` promotes a head that measures better.
+leaves an existing head alone unless --force or it is an earlier committed head it installed itself. The committed
+head was trained on an H200 (`experiments.eagle3.gpu`, 16,384 template + 24,576 self-written prompts, 2,026 steps;
+docs/option-d.md §9); `+option=D` trains into `<cache>/eagle3/heads/smollm2_135m-option-d` and `publish` promotes
+a head that measures better.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import sys
 from pathlib import Path
@@ -20,17 +22,34 @@ ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "smollm2_135m"
 FILES = ("config.json", "model.safetensors", "specws_eagle3.json")
 
 
+MARKER = "specws_artifact.sha256"    # written by install: the sha256 of the committed weights it copied
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def install(dst: Path | None = None, force: bool = False) -> dict[str, Path] | None:
-    """Copy the committed head into the cache; None when one is already there (and not `force`)."""
+    """Copy the committed head into the cache; None when one is already there (and not `force`). A head that an
+    earlier install copied and nobody changed since (its marker matches its weights) is replaced when the
+    committed head changed, so a `git pull` + `bin/setup` serves the new one; any other head is left alone."""
     from experiments.eagle3.data import eagle3_cache
     from experiments.eagle3.export import copy_head
 
     dst = Path(dst) if dst else eagle3_cache() / "heads" / "smollm2_135m"
-    if (dst / "model.safetensors").exists() and not force:
-        return None
     if not (ARTIFACT / "model.safetensors").exists():
+        if (dst / "model.safetensors").exists() and not force:
+            return None
         raise FileNotFoundError(f"no committed head at {ARTIFACT}: train one with +option=D")
-    return copy_head(ARTIFACT, dst)
+    committed = _sha256(ARTIFACT / "model.safetensors")
+    if (dst / "model.safetensors").exists() and not force:
+        marker = dst / MARKER
+        ours = marker.exists() and marker.read_text().strip() == _sha256(dst / "model.safetensors")
+        if not ours or marker.read_text().strip() == committed:
+            return None
+    done = copy_head(ARTIFACT, dst)
+    (dst / MARKER).write_text(committed + "\n")
+    return done
 
 
 def publish(src: Path) -> Path:
