@@ -51,24 +51,25 @@ class LinearProfile:
     a_ms: float
     b_seq_ms: float
     b_tok_ms: float | None = None
-    spec_overhead_ms: float = 0.0    # fixed cost of a speculative step (SGLang probe; 0 unless measured)
+    spec_overhead_ms: float = 0.0      # fixed cost of a speculative step (SGLang probe; 0 unless measured)
+    spec_overhead_seq_ms: float = 0.0  # and per sequence in the batch (SGLang probe)
 
     def step_ms(self, c: float, q: float) -> float:
         b_tok = self.b_seq_ms if self.b_tok_ms is None else self.b_tok_ms
         return (self.a_ms + self.b_seq_ms * c + b_tok * c * (q - 1.0)
-                + (self.spec_overhead_ms if q > 1.0 else 0.0))
+                + (self.spec_overhead_ms + self.spec_overhead_seq_ms * c if q > 1.0 else 0.0))
 
     @classmethod
     def from_levels(cls, step_ms_by_c: dict[int, float], b_tok_ms: float | None = None,
-                    spec_overhead_ms: float = 0.0) -> LinearProfile:
+                    spec_overhead_ms: float = 0.0, spec_overhead_seq_ms: float = 0.0) -> LinearProfile:
         if not step_ms_by_c:
             raise PredictionUnavailable("baseline has no per-concurrency time per output token")
         cs = np.array(sorted(step_ms_by_c), dtype=float)
         ts = np.array([step_ms_by_c[int(c)] for c in cs])
         if len(cs) == 1:  # one level: all cost fixed (memory-bound decode), a lower bound on growth
-            return cls(float(ts[0]), 0.0, b_tok_ms, spec_overhead_ms)
+            return cls(float(ts[0]), 0.0, b_tok_ms, spec_overhead_ms, spec_overhead_seq_ms)
         b, a = np.polyfit(cs, ts, 1)
-        return cls(float(max(a, 0.0)), float(max(b, 0.0)), b_tok_ms, spec_overhead_ms)
+        return cls(float(max(a, 0.0)), float(max(b, 0.0)), b_tok_ms, spec_overhead_ms, spec_overhead_seq_ms)
 
 
 @dataclass
@@ -225,12 +226,12 @@ def levels_of(metrics: dict[str, float]) -> list[int]:
 
 
 def baseline_profile(base: dict[str, float], b_tok_ms: float | None = None, spec_overhead_ms: float = 0.0,
-                     max_c: int | None = None) -> LinearProfile:
+                     max_c: int | None = None, spec_overhead_seq_ms: float = 0.0) -> LinearProfile:
     """Time per output token of the baseline at each concurrency = its step time there (levels above
     max_c left out: e.g. above SGLang's CUDA-graph batch limit, another regime than the levels below)."""
     return LinearProfile.from_levels({c: base[f"tpot_mean_ms_c{c}"] for c in levels_of(base)
                                       if f"tpot_mean_ms_c{c}" in base and (max_c is None or c <= max_c)},
-                                     b_tok_ms, spec_overhead_ms)
+                                     b_tok_ms, spec_overhead_ms, spec_overhead_seq_ms)
 
 
 def sglang_verified_per_step(params: dict[str, str]) -> float | None:
@@ -284,18 +285,21 @@ def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str
                 drafts_by_level: dict[int, float] | None = None,
                 tokens_per_step: dict[int, tuple[float, float]] | None = None,
                 draft_step_cost: float | None = None, b_tok_ms: float | None = None,
-                spec_overhead_ms: float = 0.0, profile_max_c: int | None = None) -> dict[str, float]:
+                spec_overhead_ms: float = 0.0, profile_max_c: int | None = None,
+                spec_overhead_seq_ms: float = 0.0) -> dict[str, float]:
     """`predicted_*` metrics of a measured speculative run against its baseline's metrics.
     tokens_per_step: (tau, draft share) per level from elsewhere (a replay) instead of the counters."""
     method, k = draft_length(params)
     verified = sglang_verified_per_step(params)
-    profile = baseline_profile(base, b_tok_ms, spec_overhead_ms, profile_max_c)
+    profile = baseline_profile(base, b_tok_ms, spec_overhead_ms, profile_max_c, spec_overhead_seq_ms)
     cost = DRAFT_STEP_COST.get(method, 0.0) if draft_step_cost is None else draft_step_cost
     out: dict[str, float] = {"predicted_profile_a_ms": profile.a_ms, "predicted_profile_b_seq_ms": profile.b_seq_ms}
     if b_tok_ms is not None:
         out["predicted_profile_b_tok_ms"] = b_tok_ms
     if spec_overhead_ms:
         out["predicted_profile_spec_overhead_ms"] = spec_overhead_ms
+    if spec_overhead_seq_ms:
+        out["predicted_profile_spec_overhead_seq_ms"] = spec_overhead_seq_ms
     for c in levels_of(option):
         if f"output_tok_s_c{c}" not in base:
             continue

@@ -63,24 +63,42 @@ class StepPoint:
     step_ms: dict[int, float]                                 # per level: steady-state step time
     max_c: int | None = None                                  # CUDA-graph batch limit it ran with
     pauses: dict[int, float] = field(default_factory=dict)   # per level: longest TTFT or chunk gap, s
+    base_step_ms: dict[int, float] = field(default_factory=dict)  # its paired baseline's step time per level
+
+    def excess(self) -> list[tuple[int, float]]:
+        """(c, step time over the paired baseline's at c) on the CUDA-graph levels both ran."""
+        return [(c, ms - self.base_step_ms[c]) for c, ms in self.step_ms.items()
+                if c in self.base_step_ms and (self.max_c is None or c <= self.max_c)]
 
 
 @dataclass
 class VerifyFit:
-    """step_ms(c, q) = t0 + b_seq * c + spec_overhead * [q > 1] + b_tok * c * (q - 1), fitted over the
-    experiment's SGLang baseline and NGRAM runs (no draft model) at every CUDA-graph level they ran. Columns
-    the runs cannot tell apart are dropped: the fixed speculative-step overhead needs NGRAM at two
-    concurrencies or two draft lengths (else b_tok carries it); with single-stream runs only, b_seq = 0."""
-    t0_ms: float
-    b_seq_ms: float
-    b_tok_ms: float
+    """Step time of a speculative run over its own paired baseline's at the same concurrency (so hosts and leases
+    whose speed differs compare): excess(c, q) = spec_overhead + spec_overhead_seq * c + b_tok * c * (q - 1),
+    fitted over the experiment's SGLang NGRAM runs at every CUDA-graph level. Columns the runs cannot tell apart are
+    dropped: the per-sequence overhead needs two concurrencies, the fixed one two draft lengths (else b_tok
+    carries it)."""
     spec_overhead_ms: float
+    spec_overhead_seq_ms: float
+    b_tok_ms: float
     runs: list[str]
     points: list[tuple[int, float]]     # (c, q) of the points fitted
 
-    def step_ms(self, c: float, q: float) -> float:
-        return (self.t0_ms + self.b_seq_ms * c + self.b_tok_ms * c * (q - 1)
-                + (self.spec_overhead_ms if q > 1 else 0.0))
+    def excess_ms(self, c: float, q: float) -> float:
+        if q <= 1:
+            return 0.0
+        return self.spec_overhead_ms + self.spec_overhead_seq_ms * c + self.b_tok_ms * c * (q - 1)
+
+
+@dataclass
+class EagleCost:
+    """What an EAGLE-3 step costs over its baseline's beyond verifying its tokens (b_tok from the NGRAM fit):
+    overhead + overhead_seq * c + draft_ms * draft steps, fitted over the experiment's other EAGLE-3 runs where
+    they tell the terms apart (own = True), else NGRAM's overhead and a median draft cost."""
+    overhead_ms: float
+    overhead_seq_ms: float
+    draft_ms: float
+    own: bool
 
 
 def steady_step_ms(gaps: np.ndarray) -> float:
@@ -91,8 +109,9 @@ def steady_step_ms(gaps: np.ndarray) -> float:
 
 def sglang_step_points(client, runs) -> dict[str, StepPoint]:
     """Step time of every finished SGLang run with records, per concurrency level, from the streamed chunk
-    intervals (the first chunk is the prefill's token; SGLang streams one chunk per decode/verify step)."""
-    out = {}
+    intervals (the first chunk is the prefill's token; SGLang streams one chunk per decode/verify step), with
+    its paired baseline's step times where that baseline is among `runs`."""
+    out, paired = {}, {}
     for run in runs:
         params = run.data.params
         if params.get("engine.name") != "sglang":
@@ -115,6 +134,11 @@ def sglang_step_points(client, runs) -> dict[str, StepPoint]:
             draft_steps = int(params.get("spec.num_steps") or 0) if method == "eagle3" else 0
             out[run.info.run_id] = StepPoint(run.info.run_id, method, verified, draft_steps, steps,
                                              sglang_graph_max_bs(params), pauses)
+            paired[run.info.run_id] = run.data.tags.get("specws.baseline_run_id")
+    for run_id, p in out.items():
+        base = out.get(paired[run_id] or "")
+        if p.method != "none" and base is not None and base.method == "none":
+            p.base_step_ms = dict(base.step_ms)
     return out
 
 
@@ -128,35 +152,47 @@ def _run_records(client, run_id: str) -> list[dict]:
                 for line in f.read_text().splitlines() if line.strip()]
 
 
-def fit_verify_cost(points: dict[str, StepPoint], exclude: str | None = None) -> VerifyFit | None:
-    """The SGLang probe, leaving out the run being predicted; None without both q = 1 and q > 1 points."""
-    use = [p for k, p in points.items() if k != exclude and p.method in ("none", "ngram")]
-    rows = [(c, p.verified, ms) for p in use for c, ms in p.step_ms.items() if p.max_c is None or c <= p.max_c]
-    if not rows:
-        return None
-    c, q, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
-    if not (q == 1).any() or not (q > 1).any():
-        return None
-    cols = {"t0": np.ones_like(c), "b_seq": c, "over": (q > 1).astype(float), "b_tok": c * (q - 1)}
-    for drop in ([], ["over"], ["b_seq"], ["over", "b_seq"]):
+def _nonneg_lstsq(cols: dict[str, np.ndarray], y: np.ndarray, drops: list[list[str]]) -> dict[str, float] | None:
+    """Least squares over the first column subset (after `drops`) that has full rank and non-negative terms."""
+    for drop in drops:
         names = [n for n in cols if n not in drop]
         x = np.column_stack([cols[n] for n in names])
-        if np.linalg.matrix_rank(x) < len(names):
+        if len(y) < len(names) or np.linalg.matrix_rank(x) < len(names):
             continue
         coef = dict(zip(names, np.linalg.lstsq(x, y, rcond=None)[0], strict=True))
-        if all(v >= 0 for n, v in coef.items() if n != "t0"):
-            return VerifyFit(float(coef["t0"]), float(coef.get("b_seq", 0.0)), float(coef["b_tok"]),
-                             float(coef.get("over", 0.0)), [p.run_id for p in use],
-                             sorted({(int(a), float(b)) for a, b in zip(c, q, strict=True)}))
+        if all(v >= 0 for v in coef.values()):
+            return {n: float(coef.get(n, 0.0)) for n in cols}
     return None
 
 
-def eagle_draft_ms(points: dict[str, StepPoint], fit: VerifyFit, exclude: str | None = None) -> float | None:
-    """ms per EAGLE-3 draft forward: what the experiment's other EAGLE-3 runs spend per single-stream step
-    beyond the probe's verify step of the same size, over their draft steps (median, never below 0)."""
-    values = [(p.step_ms[1] - fit.step_ms(1, p.verified)) / p.draft_steps for k, p in points.items()
-              if k != exclude and p.method == "eagle3" and p.draft_steps and 1 in p.step_ms]
-    return float(max(0.0, np.median(values))) if values else None
+def fit_verify_cost(points: dict[str, StepPoint], exclude: str | None = None) -> VerifyFit | None:
+    """The SGLang probe over the NGRAM runs paired with a baseline, leaving out the run being predicted."""
+    use = [p for k, p in points.items() if k != exclude and p.method == "ngram" and p.excess()]
+    rows = [(c, p.verified, ms) for p in use for c, ms in p.excess()]
+    if not rows:
+        return None
+    c, q, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
+    cols = {"over": np.ones_like(c), "over_seq": c, "b_tok": c * (q - 1)}
+    coef = _nonneg_lstsq(cols, y, [[], ["over_seq"], ["over"], ["over", "over_seq"]])
+    if coef is None:
+        return None
+    return VerifyFit(coef["over"], coef["over_seq"], coef["b_tok"], [p.run_id for p in use],
+                     sorted({(int(a), float(b)) for a, b in zip(c, q, strict=True)}))
+
+
+def fit_eagle_cost(points: dict[str, StepPoint], fit: VerifyFit, exclude: str | None = None) -> EagleCost | None:
+    """EAGLE-3's own step overhead from the experiment's other EAGLE-3 runs (see EagleCost); None without one."""
+    use = [p for k, p in points.items() if k != exclude and p.method == "eagle3" and p.draft_steps and p.excess()]
+    rows = [(c, p.draft_steps, ms - fit.b_tok_ms * c * (p.verified - 1)) for p in use for c, ms in p.excess()]
+    if not rows:
+        return None
+    c, d, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
+    coef = _nonneg_lstsq({"over": np.ones_like(c), "over_seq": c, "draft": d}, y, [[], ["over_seq"], ["draft"],
+                                                                                   ["over_seq", "draft"]])
+    if coef is not None and len(set(zip(c, d, strict=True))) > 1:
+        return EagleCost(coef["over"], coef["over_seq"], coef["draft"], True)
+    draft = np.median((y - fit.spec_overhead_ms - fit.spec_overhead_seq_ms * c) / d)
+    return EagleCost(fit.spec_overhead_ms, fit.spec_overhead_seq_ms, float(max(0.0, draft)), False)
 
 
 def sglang_graph_max_bs(params: dict[str, str]) -> int | None:
@@ -183,17 +219,22 @@ def sglang_inputs(points: dict[str, StepPoint], run_id: str, params: dict[str, s
     kw: dict = {"profile_max_c": max_c}
     fit = fit_verify_cost(points, exclude=run_id)
     if fit is None:
-        return kw, "verification cost: no SGLang probe (needs single-stream baseline and NGRAM runs), b_tok = b_seq"
-    kw |= {"b_tok_ms": max(fit.b_tok_ms, 0.0), "spec_overhead_ms": fit.spec_overhead_ms}
-    note = (f"verification cost: SGLang probe over {len(fit.runs)} runs, (c, q) = {fit.points}: "
-            f"b_tok {fit.b_tok_ms:.3g} ms/token, speculative-step overhead {fit.spec_overhead_ms:.3g} ms, "
-            f"b_seq {fit.b_seq_ms:.3g} ms")
+        return kw, ("verification cost: no SGLang probe (needs NGRAM runs paired with a baseline), "
+                    "b_tok = b_seq")
+    kw |= {"b_tok_ms": fit.b_tok_ms, "spec_overhead_ms": fit.spec_overhead_ms,
+           "spec_overhead_seq_ms": fit.spec_overhead_seq_ms}
+    note = (f"verification cost: SGLang probe over {len(fit.runs)} runs, (c, q) = {fit.points}: step time over the "
+            f"paired baseline's = {fit.spec_overhead_ms:.3g} + {fit.spec_overhead_seq_ms:.3g} c + "
+            f"{fit.b_tok_ms:.3g} c (q - 1) ms")
     if params.get("spec.method") == "eagle3":
-        draft = eagle_draft_ms(points, fit, exclude=run_id)
-        if draft is not None:
+        eagle = fit_eagle_cost(points, fit, exclude=run_id)
+        if eagle is not None:
             t11 = baseline_profile(base_metrics, max_c=max_c).step_ms(1, 1.0)
-            kw["draft_step_cost"] = draft / t11
-            note += f"; EAGLE-3 draft {draft:.3g} ms per draft step (other EAGLE-3 runs)"
+            kw |= {"spec_overhead_ms": eagle.overhead_ms, "spec_overhead_seq_ms": eagle.overhead_seq_ms,
+                   "draft_step_cost": eagle.draft_ms / t11}
+            note += (f"; EAGLE-3 ({'its own fit over' if eagle.own else 'NGRAM overhead, draft from'} the other "
+                     f"EAGLE-3 runs): {eagle.overhead_ms:.3g} + {eagle.overhead_seq_ms:.3g} c ms, "
+                     f"{eagle.draft_ms:.3g} ms per draft step")
     if max_c:
         note += f"; baseline profile from levels <= {max_c} (CUDA-graph limit)"
     return kw, note

@@ -14,7 +14,7 @@ from bench.harness_fidelity import LoopbackProcess
 from experiments.client import WorkloadRunner
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.prompts import Prompt
-from experiments.speedup_store import eagle_draft_ms, error_table, fit_verify_cost, sglang_step_points
+from experiments.speedup_store import error_table, fit_eagle_cost, fit_verify_cost, sglang_step_points
 from experiments.summary import summarize
 
 T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: baseline step, speculative-step overhead, per token, per draft
@@ -63,13 +63,18 @@ def test_probe_recovers_the_step_schedule(store) -> None:
     client, exp, ids = store
     points = sglang_step_points(client, client.search_runs([exp]))
     assert {p.verified for p in points.values()} == {1.0, 2.0, 4.0, 8.0}
+    # every speculative run is measured against its own paired baseline's step time
+    assert all(p.base_step_ms == points[ids["base"]].step_ms for k, p in points.items() if k != ids["base"])
     fit = fit_verify_cost(points)
-    assert fit is not None and sorted(fit.runs) == sorted(v for k, v in ids.items() if k != "eagle")
+    assert fit is not None and sorted(fit.runs) == sorted(v for k, v in ids.items() if k.startswith("ngram"))
     # three draft lengths at c = 1: the fixed speculative-step overhead and the per-token cost are told apart
     assert fit.b_tok_ms == pytest.approx(B_TOK, abs=0.3)
     assert fit.spec_overhead_ms == pytest.approx(OVERHEAD, abs=0.8)
-    assert fit.step_ms(1, 1) == pytest.approx(T1, abs=0.6)
-    assert eagle_draft_ms(points, fit) == pytest.approx(DRAFT, abs=0.35)
+    assert fit.spec_overhead_seq_ms == 0.0          # one concurrency: not told apart from the fixed overhead
+    assert fit.excess_ms(1, 4) == pytest.approx(OVERHEAD + 3 * B_TOK, abs=0.6) and fit.excess_ms(1, 1) == 0.0
+    eagle = fit_eagle_cost(points, fit)           # the only EAGLE-3 run: NGRAM's overhead, its draft cost
+    assert not eagle.own and eagle.draft_ms == pytest.approx(DRAFT, abs=0.35)
+    assert fit_eagle_cost(points, fit, exclude=ids["eagle"]) is None
     # one draft length only (today's H200 store): a line through q = 1 and q = 4, the overhead inside b_tok
     only4 = {k: p for k, p in points.items() if p.verified in (1.0, 4.0) and p.method != "eagle3"}
     line = fit_verify_cost(only4)
@@ -85,7 +90,7 @@ def test_error_table_uses_the_probe_leave_one_out(store) -> None:
     flat = {r["run"]: r for r in error_table(client, "probe@loopback", use_probe=False)}
     for k in (2, 4, 8):
         row = rows[ids[f"ngram{k}"]]
-        assert "SGLang probe over 3 runs" in row["note"] and not row["flag"]
+        assert "SGLang probe over 2 runs" in row["note"] and not row["flag"]
         assert row["rel_error"] < 0.12, row            # b_tok = b_seq would be far off: checked below
         assert flat[ids[f"ngram{k}"]]["rel_error"] > row["rel_error"]
     eagle = rows[ids["eagle"]]
