@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -135,8 +136,9 @@ def single_run_interval(option_recs: list[dict], base_recs: list[dict], speedup:
     return speedup * lo / estimate, speedup * hi / estimate, f"bootstrap over {len(option_recs)} requests"
 
 
-def select_runs(client, target: str) -> tuple[list, list, str, object | None]:
-    """(speculative runs, all runs by which baselines are found, experiment id, parent run or None)."""
+def select_runs(client, target: str, since_ms: int | None = None) -> tuple[list, list, str, object | None]:
+    """(speculative runs, all runs by which baselines are found, experiment id, parent run or None); with
+    `since_ms`, only speculative runs started then or later (e.g. one lease of a GPU host)."""
     from mlflow.exceptions import MlflowException
     exp = client.get_experiment_by_name(target)
     parent = None
@@ -150,11 +152,13 @@ def select_runs(client, target: str) -> tuple[list, list, str, object | None]:
         exp_id = exp.experiment_id
     runs = client.search_runs([exp_id], "attributes.status = 'FINISHED' and tags.`specws.mode` = 'measure'",
                               max_results=5000)
-    chosen = [r for r in runs if parent is None or r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    chosen = [r for r in runs if (parent is None or r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
+              and (since_ms is None or r.info.start_time >= since_ms)]
     options = [r for r in chosen if r.data.params.get("spec.method", "none") != "none"
                and r.data.tags.get("specws.baseline_run_id")]
     if not options:
-        raise ReportInputError(f"{target}: no finished speculative run with a paired baseline to report on")
+        since = "" if since_ms is None else f" started since {_iso(since_ms)}"
+        raise ReportInputError(f"{target}: no finished speculative run with a paired baseline{since} to report on")
     return options, runs, exp_id, parent
 
 
@@ -265,6 +269,18 @@ table{{border-collapse:collapse}}</style></head><body><h1>{title}</h1>
 <p>Pays: the interval lies above 1; does not pay: below 1; inconclusive: it straddles 1.</p></body></html>"""
 
 
+def _since_ms(text: str) -> int:
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an ISO time: {text!r} (e.g. 2026-11-30T21:00)") from exc
+    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
 def main(argv: list[str] | None = None) -> int:
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -275,22 +291,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("target", help="experiment name or parent (sweep) run id")
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")
+    ap.add_argument("--since", type=_since_ms, default=None, metavar="ISO-TIME",
+                    help="only runs started at or after this UTC time, e.g. 2026-11-30T21:00 (one session's runs)")
     args = ap.parse_args(argv)
     console = Console(stderr=True)
     mlflow.set_tracking_uri(args.tracking_uri)
     client = MlflowClient()
     try:
-        options, all_runs, exp_id, parent = select_runs(client, args.target)
+        options, all_runs, exp_id, parent = select_runs(client, args.target, args.since)
     except ReportInputError as exc:
         console.print(f"[bold red]report refused:[/] {exc}", soft_wrap=True)
         return 2
-    title = f"Speculative decoding: {args.target if parent is None else parent.info.run_name or args.target}"
+    title = f"Speculative decoding: {args.target if parent is None else parent.info.run_name or args.target}" + (
+        "" if args.since is None else f", runs since {_iso(args.since)}")
     series = build_series(client, options, all_runs)
     fig = figure(series, title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.target.replace("/", "_").replace("@", "_")
+    stem = args.target.replace("/", "_").replace("@", "_") + ("" if args.since is None else
+                                                              f"-since-{_iso(args.since).replace(':', '')}")
     png_path, html_path = args.out / f"report-{stem}.png", args.out / f"report-{stem}.html"
     png_path.write_bytes(buf.getvalue())
     html_path.write_text(html(series, buf.getvalue(), title))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,7 +293,8 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
             continue
         if log:
             import mlflow
-            client.log_batch(run.info.run_id, metrics=[mlflow.entities.Metric(k, float(v), 0, 0)
+            now = int(time.time() * 1000)   # newer than the values logged at measure time: MLflow shows the latest
+            client.log_batch(run.info.run_id, metrics=[mlflow.entities.Metric(k, float(v), now, 0)
                                                        for k, v in pred.items()])
             client.set_tag(run.info.run_id, "specws.prediction",
                            f"speedup_model table --log; acceptance: {'replay' if replayed else 'engine counters'}; "

@@ -3,6 +3,7 @@ measured with the embedded engine in a temporary store."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import mlflow
@@ -92,3 +93,9 @@ def test_report_on_measured_runs(tmp_path: Path, embedded_ready) -> None:
     assert point["speedup"] == pytest.approx(measured) and point["low"] <= measured <= point["high"]
     assert point["predicted"] == pytest.approx(m["predicted_speedup_c1"])
     assert entry["verdict"].split(":")[0] in {"pays", "does not pay", "depends"}
+    # --since: one session's runs; a time after every run leaves nothing, refused without writing a report
+    start = datetime.fromtimestamp(option.info.start_time / 1000, UTC).strftime("%Y-%m-%dT%H:%M")
+    assert main([EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "since"), "--since", start]) == 0
+    assert len(list((tmp_path / "since").glob("report-*-since-*.png"))) == 1
+    assert main([EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "later"), "--since", "2100-01-01"]) == 2
+    assert not (tmp_path / "later").exists()
