@@ -1,7 +1,7 @@
 """The speedup model against a store: the verification-cost probes (vLLM: single-stream n-gram records
-against their replay; SGLang: single-stream step time vs tokens verified per step across the experiment's
-runs), the prediction logged by experiments/measure.py for a run being measured, and the predicted-vs-measured
-table over every measured run (`python -m experiments.speedup_model table`)."""
+against their replay; SGLang: each run's step time over its paired baseline's vs tokens verified per step, across
+the experiment's runs), the prediction logged by experiments/measure.py for a run being measured, and the
+predicted-vs-measured table over every measured run (`python -m experiments.speedup_model table`)."""
 from __future__ import annotations
 
 import ast
