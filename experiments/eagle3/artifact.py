@@ -43,10 +43,9 @@ def install(dst: Path | None = None, force: bool = False) -> dict[str, Path] | N
         raise FileNotFoundError(f"no committed head at {ARTIFACT}: train one with +option=D")
     committed = _sha256(ARTIFACT / "model.safetensors")
     if (dst / "model.safetensors").exists() and not force:
-        marker = dst / MARKER
-        ours = marker.exists() and marker.read_text().strip() == _sha256(dst / "model.safetensors")
-        if not ours or marker.read_text().strip() == committed:
-            return None
+        recorded = (dst / MARKER).read_text().strip() if (dst / MARKER).exists() else None
+        if recorded != _sha256(dst / "model.safetensors") or recorded == committed:
+            return None       # not a head install copied (or changed since), or already the committed one
     done = copy_head(ARTIFACT, dst)
     (dst / MARKER).write_text(committed + "\n")
     return done

@@ -38,10 +38,7 @@ def synthesize_prompts(model, tok, n: int, seed: int, exclude: set[str], batch_s
     kept: list[str] = []
     seen = set(exclude)
     t0, drawn = time.time(), 0
-    max_batches = 20 * (n // batch_size + 1)
-    for b in range(max_batches):
-        if len(kept) >= n:
-            break
+    for b in range(20 * (n // batch_size + 1)):
         torch.manual_seed(seed * 1_000_003 + b)
         with torch.inference_mode():
             gen = model.generate(input_ids=prefix.repeat(batch_size, 1), attention_mask=torch.ones_like(
@@ -49,17 +46,16 @@ def synthesize_prompts(model, tok, n: int, seed: int, exclude: set[str], batch_s
                 max_new_tokens=max_tokens, eos_token_id=eos_ids, pad_token_id=eos_ids[0])
         drawn += batch_size
         for row in gen[:, prefix.shape[1]:].tolist():
-            ends = [i for i, t in enumerate(row) if t in eos_ids]
-            if not ends:
+            end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+            if end is None:
                 continue                                  # ran past max_tokens: not a finished request
-            text = tok.decode(row[: ends[0]], skip_special_tokens=True).strip()
+            text = tok.decode(row[:end], skip_special_tokens=True).strip()
             if len(text.split()) >= min_words and text not in seen:
                 seen.add(text)
                 kept.append(text)
         progress(f"eagle3 synthetic prompts: {min(len(kept), n)}/{n} kept of {drawn} sampled, "
                  f"{time.time() - t0:.0f}s")
-    else:
-        if len(kept) < n:
-            raise RuntimeError(f"only {len(kept)} usable prompts of {drawn} sampled (wanted {n}): "
-                               "the model rarely ends a user turn; lower the number or raise max_tokens")
-    return kept[:n]
+        if len(kept) >= n:
+            return kept[:n]
+    raise RuntimeError(f"only {len(kept)} usable prompts of {drawn} sampled (wanted {n}): "
+                       "the model rarely ends a user turn; lower the number or raise max_tokens")

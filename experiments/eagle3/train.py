@@ -224,7 +224,7 @@ def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Te
             progress(f"eagle3 train: {per_step:.2f}s/step → {total} steps in the {s.time_budget_s:.0f}s budget")
             planned_at, planned_from = time.time(), step
         if step == 2:
-            planned_at, planned_from = time.time(), 2
+            planned_at = time.time()
         if time.time() - t0 > s.time_budget_s:
             stopped = True
             break

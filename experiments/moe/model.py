@@ -79,9 +79,8 @@ def make_config(shape: TinyMoeShape, bos_token_id: int, eos_token_id: int, pad_t
 
 # Fields the serving engines read from config.json that transformers' DeepseekV3Config does not write:
 # vLLM and SGLang create `e_score_correction_bias` only for topk_method "noaux_tc" and default scoring_func
-# to "softmax" — without these the served model would route differently from the trained one.
-# Keys SGLang's/vLLM's DeepSeek code reads that transformers' DeepseekV3Config does not write (SGLang 0.5.14
-# failed on the H200 without moe_layer_freq: 'DeepseekV3Config' object has no attribute 'moe_layer_freq').
+# to "softmax" — without these the served model would route differently from the trained one; SGLang 0.5.14
+# failed on the H200 without moe_layer_freq ('DeepseekV3Config' object has no attribute 'moe_layer_freq').
 ENGINE_CONFIG_FIELDS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "num_nextn_predict_layers": 0,
                         "moe_layer_freq": 1,
                         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
