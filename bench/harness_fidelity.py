@@ -31,11 +31,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from experiments.client import WorkloadRunner, load_records
+from experiments.client import RequestSettings, WorkloadRunner, fixed_prompts, load_records
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.paths import cache_dir
-from experiments.prompts import Prompt
+from experiments.harness.workloads.sampling import plan_visits
+from experiments.server import VisitLog
 
 SERVER = Path(__file__).with_name("loopback_server.py")
 TOKENIZER = cache_dir() / "models" / "SmolLM2-135M-Instruct"
@@ -96,6 +97,7 @@ class LoopbackProcess:
     """The loopback server in its own process group; quacks like experiments.server.Server for the runner."""
 
     def __init__(self, ttft_ms: float, itl_ms: float, tokens_per_event: int = 1):
+        self.visits = VisitLog()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -150,12 +152,13 @@ def serial(text: str) -> str | None:
 
 def run_workspace_client(server: LoopbackProcess, protocol: str, n: int, tokens: int, conc: int) -> dict:
     adapter = VLLMAdapter() if protocol == "openai" else SGLangAdapter()
-    prompts = [Prompt(f"p{i}", [1000 + i, 7, 8, 9]) for i in range(n)]
+    convs, render = fixed_prompts({f"p{i}": [1000 + i, 7, 8, 9] for i in range(n + 1)})
+    plan = plan_visits(convs, [conc], 1, 1, 0)   # one warm-up request (not measured), as bench_serving
     server.reset()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.jsonl"
-        runner = WorkloadRunner(server, adapter, "loopback", tokens, 0.0, 120, path)
-        (level,) = runner.run(prompts, [conc], 1, 1)   # one warm-up request, as bench_serving
+        runner = WorkloadRunner(server, adapter, "loopback", RequestSettings(tokens, 0.0, 0, 120), render, path)
+        (level,) = runner.run(plan, [conc], 1)
         records = load_records(path)
     sent = {v["prompt"]: v["times"] for v in server.sent().values()}
     pairs = []

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +24,8 @@ except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
     parse_json, dump_json = json.loads, json.dumps
 
 from experiments.engines.base import EngineAdapter
-from experiments.prompts import Prompt
+from experiments.harness.workloads.formats import Conversation
+from experiments.harness.workloads.sampling import VisitPlan
 from experiments.server import Server
 
 
@@ -31,6 +35,11 @@ class RequestRecord:
     repetition: int
     prompt_id: str
     prompt_token_ids: list[int]
+    category: str = "all"
+    turn: int = 0                        # 0-based user turn of a multi-turn conversation
+    visit: int = 1                       # how many times this prompt (and turn) reached this server, this one included
+    order: int = 0                       # position of this request's start within its level
+    seed: int | None = None              # sampling seed (temperature > 0)
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     start_s: float = 0.0                 # since the level started
@@ -47,6 +56,24 @@ class RequestRecord:
         return [b - a for a, b in zip(t, t[1:], strict=False)]
 
 
+@dataclass(frozen=True)
+class RequestSettings:
+    max_tokens: int
+    temperature: float
+    seed: int
+    timeout_s: float
+
+    def seed_for(self, prompt_id: str, turn: int) -> int | None:
+        """One seed per prompt and turn, the same for an option and its baseline; none when greedy."""
+        if self.temperature == 0.0:
+            return None
+        digest = hashlib.sha256(f"{self.seed}/{prompt_id}/{turn}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+Render = Callable[[Conversation, int, list[str]], list[int]]
+
+
 @dataclass
 class LevelResult:
     concurrency: int
@@ -54,64 +81,87 @@ class LevelResult:
     records: list[RequestRecord]
     metrics_before: dict | None
     metrics_after: dict | None
+    repetition: int = 0
 
 
 class WorkloadRunner:
-    def __init__(self, server: Server, adapter: EngineAdapter, model: str, max_tokens: int,
-                 temperature: float, timeout_s: float, records_path: Path):
-        self.server, self.adapter, self.model = server, adapter, model
-        self.max_tokens, self.temperature, self.timeout_s = max_tokens, temperature, timeout_s
-        self.records_path = records_path
+    """Runs a visit plan against one server: unrecorded warm-ups, then each (level, repetition) slice at its
+    concurrency. A conversation holds its slot for all its turns; each later turn is rendered with the model's
+    own answers so far and sent after the previous one finished."""
 
-    def run(self, prompts: list[Prompt], levels: list[int], repetitions: int,
-            warmup: int) -> list[LevelResult]:
-        return asyncio.run(self._run(prompts, levels, repetitions, warmup))
+    def __init__(self, server: Server, adapter: EngineAdapter, model: str, settings: RequestSettings,
+                 render: Render, records_path: Path):
+        self.server, self.adapter, self.model, self.settings = server, adapter, model, settings
+        self.render, self.records_path = render, records_path
 
-    async def _run(self, prompts, levels, repetitions, warmup) -> list[LevelResult]:
+    def run(self, plan: VisitPlan, levels: list[int], repetitions: int) -> list[LevelResult]:
+        return asyncio.run(self._run(plan, levels, repetitions))
+
+    async def _run(self, plan: VisitPlan, levels: list[int], repetitions: int) -> list[LevelResult]:
         # aiohttp, not httpx: its line reader sustains several times the streamed-token rate at a fraction
         # of the CPU (bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        t = self.settings.timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)
         async with aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
                                          json_serialize=dump_json,
                                          connector=aiohttp.TCPConnector(limit=max(levels) + 2, ssl=False)) as client:
-            for p in prompts[:warmup]:
-                await self._unrecorded(client, p)
+            for conv in plan.warmup:
+                await self._unrecorded(client, conv)
             results = []
             # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), refresh_per_second=2) as progress:
                 for level in levels:
-                    if warmup and level > 1:
-                        await self._warm_level(client, prompts, level)
-                    results.append(await self._level(client, progress, prompts, level, repetitions))
+                    batch = plan.level_warmup.get(level) or []
+                    if batch:
+                        await self._warm_level(client, batch)
+                    for rep in range(repetitions):
+                        convs = plan.measured[(level, rep)]
+                        results.append(await self._level(client, progress, convs, level, rep))
             return results
 
-    async def _warm_level(self, client, prompts, level) -> None:
+    async def _warm_level(self, client, batch: list[Conversation]) -> None:
         """One unrecorded batch at this concurrency first: an engine's first batch of a new size can stall on
-        one-off work (SGLang on the H200: the first c4 batch waited 0.5 s, which cost A 3x at c4)."""
-        await asyncio.gather(*(self._unrecorded(client, prompts[i % len(prompts)]) for i in range(level)))
+        one-off work (SGLang on the H200: the first c4 batch waited 0.5 s, which cost A 3x at c4). Its
+        conversations are warm-up ones, never measured."""
+        await asyncio.gather(*(self._unrecorded(client, conv) for conv in batch))
 
-    async def _unrecorded(self, client, prompt: Prompt) -> None:
-        await self._request(client, RequestRecord(0, 0, prompt.id, prompt.token_ids), time.perf_counter())
+    async def _unrecorded(self, client, conv: Conversation) -> None:
+        rec = self._record(conv, 0, 0, 0, [])
+        await self._request(client, rec, time.perf_counter())
 
-    async def _level(self, client, progress, prompts, level, repetitions) -> LevelResult:
-        jobs = [(rep, p) for rep in range(repetitions) for p in prompts]
-        task = progress.add_task(f"concurrency {level}", total=len(jobs))
+    def _record(self, conv: Conversation, level: int, rep: int, turn: int, answers: list[str]) -> RequestRecord:
+        ids = self.render(conv, turn, answers)
+        visit = self.server.visits.count(conv.id, turn)
+        return RequestRecord(level, rep, conv.id, ids, category=conv.category, turn=turn, visit=visit,
+                             seed=self.settings.seed_for(conv.id, turn))
+
+    async def _level(self, client, progress, convs: list[Conversation], level: int, rep: int) -> LevelResult:
+        total = sum(c.num_turns for c in convs)
+        task = progress.add_task(f"concurrency {level}" + (f" rep {rep}" if rep else ""), total=total)
         before = await self._scrape(client)
         sem = asyncio.Semaphore(level)
         records: list[RequestRecord] = []
+        started = itertools.count()
         t0 = time.perf_counter()
 
-        async def one(rep: int, prompt: Prompt) -> None:
+        async def conversation(conv: Conversation) -> None:
             async with sem:
-                rec = RequestRecord(level, rep, prompt.id, prompt.token_ids)
-                await self._request(client, rec, t0)
-                records.append(rec)
-                with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
-                    f.write(dump_json(vars(rec)) + "\n")
-                progress.advance(task)
+                answers: list[str] = []
+                for turn in range(conv.num_turns):
+                    rec = self._record(conv, level, rep, turn, answers)
+                    rec.order = next(started)
+                    await self._request(client, rec, t0)
+                    records.append(rec)
+                    with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
+                        f.write(dump_json(vars(rec)) + "\n")
+                    progress.advance(task)
+                    if rec.error is not None:
+                        progress.advance(task, conv.num_turns - turn - 1)
+                        return
+                    answers.append(rec.text)
 
-        work = asyncio.gather(*(one(rep, p) for rep, p in jobs))
+        work = asyncio.gather(*(conversation(c) for c in convs))
         watch = asyncio.create_task(self._watch_server())
         done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         wall = time.perf_counter() - t0
@@ -124,7 +174,7 @@ class WorkloadRunner:
         if any(r.error for r in records):  # failed requests may be the first sign of a dying server
             self.server.check_alive(wait_s=2.0)
         after = await self._scrape(client)
-        return LevelResult(level, wall, records, before, after)
+        return LevelResult(level, wall, records, before, after, rep)
 
     async def _watch_server(self) -> None:
         while True:
@@ -140,8 +190,9 @@ class WorkloadRunner:
         return self.adapter.metrics_snapshot(text)
 
     async def _request(self, client: aiohttp.ClientSession, rec: RequestRecord, t0: float) -> None:
-        path, body = self.adapter.stream_request(rec.prompt_token_ids, self.max_tokens,
-                                                 self.temperature, self.model)
+        st = self.settings
+        path, body = self.adapter.stream_request(rec.prompt_token_ids, st.max_tokens, st.temperature, self.model,
+                                                 seed=rec.seed)
         start = time.perf_counter()
         rec.start_s = start - t0
         parse_raw, parse_event = self.adapter.parse_raw, self.adapter.parse_event
@@ -177,6 +228,12 @@ class WorkloadRunner:
             # a failed request is often the first sign of a dying server: stop the level then,
             # instead of firing the remaining requests at a closed port
             await asyncio.to_thread(self.server.check_alive, 2.0)
+
+
+def fixed_prompts(token_ids: dict[str, list[int]], category: str = "all") -> tuple[list[Conversation], Render]:
+    """Prompts given as token ids (benchmarks, tests): one-turn conversations and the render that sends them."""
+    convs = [Conversation(pid, category, (), (), "", "given") for pid in token_ids]
+    return convs, lambda conv, turn, answers: list(token_ids[conv.id])
 
 
 def load_records(path: Path) -> list[dict]:

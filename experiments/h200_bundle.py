@@ -26,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / ".h200"
 TRAVEL_LIMIT = 64 * 2**20        # a call carries the repo's tracked files too
-MARGIN = 1 * 2**20               # for files committed between the build and the calls
+MARGIN = 3 * 2**20               # for files added to the work tree between the build and the calls (--margin-mib)
+MANIFEST_RESERVE = 2**18         # each part carries manifest.json too
+MIN_PIECE = 2**16                # a file is not cut to fill less than this at the end of a part
 GZIP_MIN_SAVING = 0.05           # gzip a non-wheel file when it shrinks by at least this share
 PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux1_x86_64", "any"]
@@ -98,9 +100,11 @@ def model_files(dest: Path, tokenizer_dir: Path) -> None:
 
 
 def repo_bytes() -> int:
-    """What every call carries besides its part: the tracked files of this checkout."""
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    return sum((ROOT / n).stat().st_size for n in names.decode().split("\0") if n and (ROOT / n).is_file())
+    """What every call carries besides its part: the tracked files of this checkout and the untracked ones
+    git does not ignore."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout
+    return sum((ROOT / n).stat().st_size for n in set(names.decode().split("\0")) if n and (ROOT / n).is_file())
 
 
 def gzip_files(staging: Path) -> list[str]:
@@ -115,51 +119,57 @@ def gzip_files(staging: Path) -> list[str]:
     return done
 
 
-def _pieces(files: list[Path], staging: Path, chunks: dict, chunk: int) -> list[tuple[Path, str, int]]:
-    """(source, name in bundle, size); files above `chunk` bytes are cut into chunks joined again on install."""
-    pieces = []
-    for path in files:
-        rel = str(path.relative_to(staging))
-        size = path.stat().st_size
-        if size <= chunk:
-            pieces.append((path, rel, size))
-            continue
-        data = path.read_bytes()
-        names = []
-        for i in range(0, size, chunk):
-            names.append(f"{rel}.chunk{i // chunk:02d}")
-            piece = staging.parent / "chunks" / names[-1]
-            piece.parent.mkdir(parents=True, exist_ok=True)
-            piece.write_bytes(data[i:i + chunk])
-            pieces.append((piece, names[-1], piece.stat().st_size))
-        chunks[rel] = {"chunks": names, "sha256": hashlib.sha256(data).hexdigest()}
-    return pieces
-
-
-def _first_fit(pieces: list[tuple[Path, str, int]], limit: int) -> list[list[tuple[Path, str, int]]]:
-    parts: list[list[tuple[Path, str, int]]] = []
-    for piece in sorted(pieces, key=lambda p: -p[2]):
-        slot = next((p for p in parts if sum(x[2] for x in p) + piece[2] <= limit), None)
-        if slot is None:
-            parts.append(slot := [])
-        slot.append(piece)
-    return parts
+def _fill(files: list[Path], staging: Path, chunks: dict, part_limit: int) -> list[list[tuple[Path, str, int]]]:
+    """Fill parts in order, cutting a file where a part is full (its chunks are joined again on install): as
+    few parts as the bytes allow, all of about the same size, so each keeps the spare room of the last one."""
+    sizes = {p: p.stat().st_size for p in files}
+    count = max(1, -(-sum(sizes.values()) // part_limit))
+    while True:
+        target = min(part_limit, -(-sum(sizes.values()) // count) + MIN_PIECE)
+        parts: list[list[tuple[Path, str, int]]] = [[]]
+        room = target
+        for path in files:
+            rel, size, offset, names = str(path.relative_to(staging)), sizes[path], 0, []
+            while offset < size:
+                if room < min(MIN_PIECE, size - offset):
+                    parts.append([])
+                    room = target
+                take = min(room, size - offset)
+                if take == size:  # whole
+                    parts[-1].append((path, rel, size))
+                else:
+                    names.append(f"{rel}.chunk{len(names):02d}")
+                    parts[-1].append((path, names[-1], take, offset))
+                offset += take
+                room -= take
+            if names:
+                chunks[rel] = {"chunks": names, "sha256": _sha(path)}
+        if len(parts) <= count:
+            return parts
+        chunks.clear()
+        count += 1
 
 
 def split_parts(staging: Path, out: Path, part_limit: int, gzipped: list[str] | None = None) -> dict:
-    """The model and what converts it travel first (work can start on the host while wheels arrive)."""
+    """The model and what converts it travel first (work can start on the host while wheels arrive), the
+    rest largest first."""
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     first = [p for p in files if p.parent.name in ("model", "tokenizer") or p.name.startswith("gguf-")]
+    first.sort(key=lambda p: (p.name.startswith("model.gguf"), str(p)))  # the big one last in its group
+    rest = sorted((p for p in files if p not in first), key=lambda p: (-p.stat().st_size, str(p)))
     chunks: dict[str, dict] = {}
-    chunk = part_limit - 2**20
-    parts = _first_fit(_pieces(first, staging, chunks, chunk), part_limit)
-    parts += _first_fit(_pieces([p for p in files if p not in first], staging, chunks, chunk), part_limit)
+    parts = _fill(first + rest, staging, chunks, part_limit - MANIFEST_RESERVE)
     placed = {}
     for n, part in enumerate(parts, 1):
-        for src, rel, _ in part:
+        for src, rel, size, *offset in part:
             dest = out / f"p{n}" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest)
+            if offset:
+                with open(src, "rb") as f, open(dest, "wb") as g:
+                    f.seek(offset[0])
+                    g.write(f.read(size))
+            else:
+                shutil.copy2(src, dest)
             placed[rel] = {"part": n, "sha256": _sha(dest)}
     manifest = {"parts": len(parts), "files": placed, "joined": chunks, "gzipped": gzipped or []}
     for n in range(1, len(parts) + 1):
@@ -167,9 +177,11 @@ def split_parts(staging: Path, out: Path, part_limit: int, gzipped: list[str] | 
     return manifest
 
 
-def build(out: Path, tokenizer_dir: Path, extra: list[Path]) -> None:
-    part_limit = TRAVEL_LIMIT - MARGIN - repo_bytes()
-    print(f"bundle: parts of at most {part_limit / 2**20:.1f} MiB (the repo travels too)")
+def build(out: Path, tokenizer_dir: Path, extra: list[Path], margin: int = MARGIN) -> None:
+    repo = repo_bytes()
+    part_limit = TRAVEL_LIMIT - margin - repo
+    print(f"bundle: parts of at most {part_limit / 2**20:.1f} MiB (the repo's {repo / 2**20:.1f} MiB travel too, "
+          f"{margin / 2**20:.1f} MiB margin)")
     if out.exists():
         shutil.rmtree(out)
     staging = out / "staging"
@@ -182,11 +194,12 @@ def build(out: Path, tokenizer_dir: Path, extra: list[Path]) -> None:
         shutil.copytree(folder, staging / "extras" / folder.name)
     manifest = split_parts(staging, out, part_limit, gzip_files(staging))
     shutil.rmtree(staging)
-    shutil.rmtree(out / "chunks", ignore_errors=True)
-    sizes = [sum(f.stat().st_size for f in (out / f"p{n}").rglob("*")) / 2**20
+    sizes = [sum(f.stat().st_size for f in (out / f"p{n}").rglob("*") if f.is_file())
              for n in range(1, manifest["parts"] + 1)]
-    print(f"bundle: {manifest['parts']} parts in {out}: " + ", ".join(f"p{n} {s:.1f} MiB" for n, s in
+    print(f"bundle: {manifest['parts']} parts in {out}: " + ", ".join(f"p{n} {s / 2**20:.1f} MiB" for n, s in
                                                                       enumerate(sizes, 1)))
+    print(f"bundle: with the repo, the largest call carries {(max(sizes) + repo) / 2**20:.1f} of "
+          f"{TRAVEL_LIMIT / 2**20:.0f} MiB")
 
 
 def install(bundle: Path, dest: Path) -> bool:
@@ -274,12 +287,14 @@ def main() -> None:
     b.add_argument("--out", type=Path, default=BUNDLE)
     b.add_argument("--tokenizer", type=Path, default=ROOT / ".cache/models/SmolLM2-135M-Instruct")
     b.add_argument("--extra", type=Path, action="append", default=[], help="folder to carry too (e.g. a head)")
+    b.add_argument("--margin-mib", type=float, default=MARGIN / 2**20,
+                   help="room left in each call for files added to the work tree after the build")
     i = sub.add_parser("install", help="take the parts that arrived; install when complete (H200 host)")
     i.add_argument("--bundle", type=Path, default=BUNDLE)
     i.add_argument("--dest", type=Path, default=Path("/tmp/specws"))
     args = parser.parse_args()
     if args.cmd == "build":
-        build(args.out, args.tokenizer, args.extra)
+        build(args.out, args.tokenizer, args.extra, int(args.margin_mib * 2**20))
     else:
         sys.exit(0 if install(args.bundle, args.dest) else 3)
 

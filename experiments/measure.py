@@ -2,7 +2,6 @@
 Whatever happens, the run ends with a status (FINISHED / FAILED / KILLED) and keeps what it saw."""
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -14,14 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from experiments import plots
-from experiments.client import WorkloadRunner, load_records
-from experiments.engines import adapter_for
+from experiments.client import RequestSettings, WorkloadRunner, load_records
+from experiments.engines import adapter_for, limits_mismatch
+from experiments.engines.base import Validation
+from experiments.harness.prepare import PreparedWorkload, levels_of
 from experiments.launch_spec import LaunchSpec
-from experiments.pairing import compare_greedy, speedups
-from experiments.prompts import load_prompts
+from experiments.pairing import LIMIT_PARAM, PairingRefused, compare_greedy, compare_sampled, speedups
 from experiments.server import POOL
 from experiments.summary import summarize
-from experiments.tracking import Metric, flatten, log_params, run_tags
+from experiments.tracking import Metric, flatten, log_params, run_records, run_tags
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -52,7 +52,7 @@ def log_common_artifacts(client: MlflowClient, run_id: str, spec: LaunchSpec) ->
 
 
 def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec, out_dir: Path,
-            baseline: Run | None) -> dict[str, float]:
+            baseline: Run | None, prepared: PreparedWorkload, validation: Validation) -> dict[str, float]:
     """Measure into the already created run `run_id`; raises on failure after logging what it has."""
     adapter = adapter_for(spec.engine)
     records_path = out_dir / f"records-{run_id}.jsonl"
@@ -60,15 +60,15 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
     server = None
     try:
         console.print(f"[bold]{cfg.option.name}[/]: starting {spec.engine} ({' '.join(spec.args)})")
-        server, reused = POOL.acquire(spec, log_path, cfg.server.startup_timeout_s, cfg.server.port,
-                                      cfg.server.reuse, cfg.server.pool_size)
+        server, reused = _server_for(cfg, spec, log_path, prepared)
         client.set_tag(run_id, "specws.server_reused", str(reused))
         client.set_tag(run_id, "specws.port", str(spec.port))
+        limits = adapter.effective_limits(server.base_url, validation)
+        _log_limits(client, run_id, limits, baseline)
         w = cfg.workload
-        prompts = load_prompts(w.prompt_set, str(cfg.model.path), w.num_prompts)
-        runner = WorkloadRunner(server, adapter, cfg.model.name, w.max_tokens, w.temperature,
-                                w.request_timeout_s, records_path)
-        levels = runner.run(prompts, [int(c) for c in w.concurrency], w.repetitions, w.warmup_requests)
+        settings = RequestSettings(int(w.max_tokens), float(w.temperature), int(w.seed), float(w.request_timeout_s))
+        runner = WorkloadRunner(server, adapter, cfg.model.name, settings, prepared.render(), records_path)
+        levels = runner.run(prepared.plan, levels_of(cfg), int(w.repetitions))
         summary = summarize(levels, adapter)
         metrics = dict(summary.metrics)
         for c, m in summary.per_level.items():
@@ -88,6 +88,8 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
             if float(w.temperature) == 0.0:
                 metrics.update(_greedy_check(client, run_id, baseline, records_path, server, adapter,
                                              cfg))
+            else:
+                metrics.update(_sampled_check(client, run_id, baseline, records_path))
             metrics.update(_predicted(client, run_id, cfg, metrics, bm, summary, records_path))
         elif cfg.spec.method != "none":
             client.set_tag(run_id, "specws.prediction", "not predicted: no paired baseline")
@@ -109,6 +111,45 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
             client.log_artifact(run_id, str(server.log_path), "server")
 
 
+def _server_for(cfg: DictConfig, spec: LaunchSpec, log_path: Path, prepared: PreparedWorkload):
+    """A healthy server; a reused one that has already served one of this run's measured prompts is replaced
+    by a fresh one (its caches would measure the earlier visits) unless the workload reuses prompts."""
+    s = cfg.server
+    server, reused = POOL.acquire(spec, log_path, s.startup_timeout_s, s.port, s.reuse, s.pool_size)
+    seen = server.visits.seen(prepared.measured_ids()) if reused and not cfg.workload.reuse_prompts else set()
+    if seen:
+        console.print(f"the shared server has already served {len(seen)} of this run's prompts: starting a fresh one")
+        server, reused = POOL.acquire(spec, log_path, s.startup_timeout_s, s.port, False, s.pool_size)
+    return server, reused
+
+
+def _log_limits(client: MlflowClient, run_id: str, limits: dict, baseline: Run | None) -> None:
+    """The limits the server really runs with, read back from it; an option is only judged against a baseline
+    that ran under the same ones (SGLang lowers max_running_requests by itself in speculative mode)."""
+    log_params(client, run_id, {f"{LIMIT_PARAM}{k}": str(v) for k, v in limits.items()})
+    client.log_dict(run_id, limits, "engine_limits.json")
+    if baseline is None:
+        return
+    base = {k.removeprefix(LIMIT_PARAM): v for k, v in baseline.data.params.items() if k.startswith(LIMIT_PARAM)}
+    differ = limits_mismatch({k: str(v) for k, v in limits.items()}, base)
+    if differ:
+        raise PairingRefused(f"engine limits differ from baseline run {baseline.info.run_id}'s: {'; '.join(differ)} "
+                             "(pin them with limits.* so that option and baseline run under the same ones)")
+
+
+def _baseline_records(client: MlflowClient, baseline: Run) -> list[dict] | None:
+    return run_records(client, baseline.info.run_id)
+
+
+def _sampled_check(client: MlflowClient, run_id: str, baseline: Run, records_path: Path) -> dict:
+    base_records = _baseline_records(client, baseline)
+    if base_records is None:
+        return {}
+    metrics, detail = compare_sampled(load_records(records_path), base_records)
+    client.log_dict(run_id, detail, "sampled_check.json")
+    return metrics
+
+
 def _log_patches(client, run_id: str, spec: LaunchSpec, log_path: Path | None) -> None:
     """What the SGLang patch launcher applied, in which process, and its kernel self-check, read from the
     server log: the `sglang_patches.applied` tag (name@sglang-version) and `sglang_patches.json`."""
@@ -121,12 +162,10 @@ def _log_patches(client, run_id: str, spec: LaunchSpec, log_path: Path | None) -
 
 
 def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, adapter, cfg) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = client.download_artifacts(baseline.info.run_id, "records", tmp)
-        except Exception:  # a baseline without records cannot be compared
-            return {}
-        base_records = [r for f in sorted(Path(local).glob("*.jsonl")) for r in load_records(f)]
+    base_records = _baseline_records(client, baseline)
+    if base_records is None:
+        return {}
+
     def topk(ids: list[int]) -> list[tuple[int, float]]:
         path, body = adapter.topk_request(ids, cfg.model.name)
         resp = httpx.post(server.base_url + path, json=body, timeout=120)

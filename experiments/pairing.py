@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
-
-from experiments.prompts import prompt_set_path
+from scipy import stats
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -19,25 +20,42 @@ if TYPE_CHECKING:
 TopK = Callable[[list[int]], list[tuple[int, float]]]
 
 
-def pair_key(cfg: DictConfig, engine_version: str) -> str:
+LIMIT_PARAM = "limits.effective."   # params of the limits a server reported running with
+
+
+class PairingRefused(RuntimeError):
+    """An option and a baseline that must not be compared (different engine limits)."""
+
+
+def pair_key(cfg: DictConfig, engine_version: str, prompts_digest: str) -> str:
     """What must match for two runs to be compared: site, model, engine + version, server flags other
-    than speculation, and the whole workload including the prompt set's content."""
+    than speculation, the pinned engine limits, and the whole workload including the loaded prompts' content."""
     ident = {"site": cfg.site.name, "model": cfg.model.name, "model_path": str(cfg.model.path),
              "engine": cfg.engine.name, "engine_version": engine_version,
              "site_args": OmegaConf.to_container(cfg.site.engine_args.get(cfg.engine.name) or []),
              "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
+             "limits": OmegaConf.to_container(cfg.limits, resolve=True) if cfg.get("limits") else None,
              "workload": OmegaConf.to_container(cfg.workload, resolve=True),
-             "prompts_sha": hashlib.sha256(prompt_set_path(cfg.workload.prompt_set).read_bytes()).hexdigest()}
+             "prompts_sha": prompts_digest}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def find_baseline(client: MlflowClient, experiment_id: str, key: str) -> Run | None:
+def find_baseline(client: MlflowClient, experiment_id: str, key: str, host: str,
+                  max_age_h: float) -> Run | None:
+    """The newest finished baseline with this pairing key that can stand in for a fresh one: no failed request,
+    measured on this host (same `specws.host` tag: machine, accelerator, engine environment) and at most
+    `max_age_h` hours ago -- the drift check. Engine limits are compared once the option's server is up."""
+    since = int((time.time() - max_age_h * 3600) * 1000)
     runs = client.search_runs(
         [experiment_id],
         filter_string=(f"tags.`specws.option` = 'baseline' AND tags.`specws.pair_key` = '{key}' "
-                       "AND tags.`specws.mode` = 'measure' AND attributes.status = 'FINISHED'"),
-        order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0] if runs else None
+                       "AND tags.`specws.mode` = 'measure' AND attributes.status = 'FINISHED' "
+                       f"AND attributes.start_time >= {since}"),
+        order_by=["attributes.start_time DESC"], max_results=20)
+    for run in runs:
+        if run.data.metrics.get("errors", 1.0) == 0.0 and run.data.tags.get("specws.host") == host:
+            return run
+    return None
 
 
 def speedups(option_metrics: dict[str, float], baseline_metrics: dict[str, float]) -> dict[str, float]:
@@ -50,13 +68,36 @@ def speedups(option_metrics: dict[str, float], baseline_metrics: dict[str, float
     return out
 
 
-def _reference(records: list[dict]) -> dict[str, dict]:
-    """One baseline output per prompt: the lowest concurrency, first repetition."""
-    ref: dict[str, dict] = {}
+def _reference(records: list[dict]) -> dict[tuple[str, int], dict]:
+    """One baseline output per prompt and turn: the lowest concurrency, first repetition."""
+    ref: dict[tuple[str, int], dict] = {}
     for r in sorted(records, key=lambda r: (r["concurrency"], r["repetition"])):
         if r.get("error") is None:
-            ref.setdefault(r["prompt_id"], r)
+            ref.setdefault((r["prompt_id"], r.get("turn", 0)), r)
     return ref
+
+
+def compare_sampled(option_records: list[dict], baseline_records: list[dict]) -> tuple[dict[str, float], dict]:
+    """At temperature > 0 outputs are draws, so token agreement says nothing: a lossless speculation draws from
+    the target's distribution, so its outputs' lengths and token frequencies must look like the baseline's.
+    Two-sample Kolmogorov-Smirnov test of output lengths, and the total-variation distance between the two runs'
+    output-token frequencies (against the same distance between the baseline's two halves: sampling noise)."""
+    opt = [r for r in option_records if r.get("error") is None]
+    base = [r for r in baseline_records if r.get("error") is None]
+    if len(opt) < 2 or len(base) < 4:
+        return {}, {"note": "too few requests for a distribution check"}
+    ks = stats.ks_2samp([len(r["output_token_ids"]) for r in opt], [len(r["output_token_ids"]) for r in base])
+    tv = _token_tv(opt, base)
+    noise = _token_tv(base[0::2], base[1::2])
+    metrics = {"sampled_length_ks_p": float(ks.pvalue), "sampled_token_tv": tv, "sampled_token_tv_noise": noise}
+    return metrics, {**metrics, "option_requests": len(opt), "baseline_requests": len(base)}
+
+
+def _token_tv(a: list[dict], b: list[dict]) -> float:
+    ca = Counter(t for r in a for t in r["output_token_ids"])
+    cb = Counter(t for r in b for t in r["output_token_ids"])
+    na, nb = sum(ca.values()) or 1, sum(cb.values()) or 1
+    return 0.5 * sum(abs(ca[t] / na - cb[t] / nb) for t in ca.keys() | cb.keys())
 
 
 def compare_greedy(option_records: list[dict], baseline_records: list[dict], topk: TopK | None,
@@ -68,12 +109,14 @@ def compare_greedy(option_records: list[dict], baseline_records: list[dict], top
     ref = _reference(baseline_records)
     rows, cache = [], {}
     for rec in option_records:
-        base = ref.get(rec["prompt_id"])
+        base = ref.get((rec["prompt_id"], rec.get("turn", 0)))
         if rec.get("error") is not None or base is None:
+            continue
+        if rec["prompt_token_ids"] != base["prompt_token_ids"]:   # a later turn after answers that differed
             continue
         a, b = rec["output_token_ids"], base["output_token_ids"]
         n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        row = {"prompt_id": rec["prompt_id"], "concurrency": rec["concurrency"],
+        row = {"prompt_id": rec["prompt_id"], "turn": rec.get("turn", 0), "concurrency": rec["concurrency"],
                "repetition": rec["repetition"], "tokens": len(a), "baseline_tokens": len(b),
                "agreeing_prefix": n, "first_divergence": None, "kind": "identical", "tie_gap": None}
         if a != b:

@@ -91,9 +91,6 @@ def check_assets(cfg: DictConfig) -> None:
     if python.is_absolute() and not python.exists():
         raise Refused(f"engine {cfg.engine.name}: interpreter {python} does not exist; "
                       + ("run `bin/setup` once" if cfg.model.embedded else "set engine.python"))
-    levels = OmegaConf.to_container(cfg.workload.concurrency)
-    if not levels or any(int(c) < 1 for c in levels):
-        raise Refused(f"workload.concurrency must be a non-empty list of positive integers, got {levels}")
 
 
 def check_head_fits(head: Path, model: Path) -> None:

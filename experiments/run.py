@@ -17,14 +17,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from experiments import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.analysis.post_run import log_run_analysis
 from experiments.engines import adapter_for
 from experiments.engines.base import InvalidLaunch, Validation
+from experiments.harness.prepare import PreparedWorkload, prepare_workload
+from experiments.harness.workloads.formats import WorkloadError
 from experiments.launch_spec import LaunchSpec, build_launch_spec
 from experiments.measure import baseline_cfg, console, log_common_artifacts, measure, start_run
-from experiments.pairing import find_baseline, pair_key
+from experiments.pairing import PairingRefused, find_baseline, pair_key
 from experiments.preflight import Refused, check_assets, check_option
 from experiments.server import POOL
-from experiments.tracking import PARENT_ENV, setup
+from experiments.tracking import PARENT_ENV, host_fingerprint, log_prompt_dataset, setup
 from experiments.train_option import train_and_evaluate
 
 SITE_ENV = "SPECWS_SITE"
@@ -43,14 +46,17 @@ def validated_spec(cfg: DictConfig) -> tuple[LaunchSpec, Validation]:
     return spec, result
 
 
-def run_measured(cfg: DictConfig, spec: LaunchSpec, version: str, key: str, baseline) -> dict:
+def run_measured(cfg: DictConfig, spec: LaunchSpec, validation: Validation, key: str, baseline,
+                 prepared: PreparedWorkload) -> dict:
     client, exp_id = setup(cfg)
     name = cfg.run.name or f"{cfg.option.name}-{cfg.workload.name}"
-    run_id = start_run(client, exp_id, cfg, name, version, "measure", key, os.environ.get(PARENT_ENV))
+    run_id = start_run(client, exp_id, cfg, name, validation.version, "measure", key, os.environ.get(PARENT_ENV))
     console.print(f"MLflow run [bold]{name}[/] ({run_id}) in {cfg.tracking.experiment}")
     log_common_artifacts(client, run_id, spec)
+    _log_workload(client, run_id, cfg, prepared)
     try:
-        metrics = measure(client, run_id, cfg, spec, _out_dir(), baseline)
+        metrics = measure(client, run_id, cfg, spec, _out_dir(), baseline, prepared, validation)
+        log_run_analysis(client, run_id, baseline, spec.engine)
     except KeyboardInterrupt:
         client.set_tag(run_id, "specws.failure", "interrupted (Ctrl-C / SIGTERM)")
         client.set_terminated(run_id, "KILLED")
@@ -63,34 +69,50 @@ def run_measured(cfg: DictConfig, spec: LaunchSpec, version: str, key: str, base
     return {"run_id": run_id, **metrics}
 
 
+def _log_workload(client, run_id: str, cfg: DictConfig, prepared: PreparedWorkload) -> None:
+    client.set_tag(run_id, "specws.prompts_digest", prepared.digest)
+    client.log_dict(run_id, prepared.plan.describe(), "workload_plan.json")
+    rows = [{"id": c.id, "category": c.category, "turns": len(c.user_turns) or 1, "source": c.source,
+             "text": (c.raw_prompt or "\n---\n".join(c.user_turns))[:2000]} for c in prepared.conversations]
+    log_prompt_dataset(client, run_id, str(cfg.workload.name), str(cfg.workload.prompt_set), rows, prepared.digest)
+
+
 def experiment(cfg: DictConfig) -> dict:
     check_option(cfg)
+    try:  # before anything starts, dry runs included: a broken row costs no engine start
+        prepared = prepare_workload(cfg)
+    except WorkloadError as exc:
+        raise Refused(f"workload {cfg.workload.name}: {exc}") from None
     if cfg.option.name == "D" and not cfg.run.dry_run:
         return train_and_evaluate(cfg, experiment)
     if not cfg.run.dry_run:  # a dry run only validates the command line (e.g. the box's, from here)
         check_assets(cfg)
     spec, validation = validated_spec(cfg)
-    key = pair_key(cfg, validation.version)
+    key = pair_key(cfg, validation.version, prepared.digest)
     client, exp_id = setup(cfg)
     if cfg.run.dry_run:
         run_id = start_run(client, exp_id, cfg, cfg.run.name or f"{cfg.option.name}-plan",
                            validation.version, "dry_run", key, os.environ.get(PARENT_ENV))
         log_common_artifacts(client, run_id, spec)
+        client.log_dict(run_id, prepared.plan.describe(), "workload_plan.json")
         client.set_terminated(run_id, "FINISHED")
         console.print(f"validated by {spec.engine} {validation.version}: {' '.join(spec.argv)}")
+        console.print(f"workload {cfg.workload.name}: {prepared.plan.describe()}")
         return {"run_id": run_id}
     baseline = None
     if cfg.option.name != "baseline" and cfg.baseline.pair:
-        baseline = find_baseline(client, exp_id, key) if cfg.baseline.lookup else None
+        baseline = (find_baseline(client, exp_id, key, host_fingerprint(cfg), float(cfg.baseline.max_age_h))
+                    if cfg.baseline.lookup else None)
         if baseline is None:
-            console.print("no matching baseline in the store: measuring one first")
+            console.print("no matching baseline in the store (same key and host, recent, no failed request): "
+                          "measuring one first")
             bcfg = baseline_cfg(cfg)
-            bspec, _ = validated_spec(bcfg)
-            base_id = run_measured(bcfg, bspec, validation.version, key, None)["run_id"]
+            bspec, bvalidation = validated_spec(bcfg)
+            base_id = run_measured(bcfg, bspec, bvalidation, key, None, prepared)["run_id"]
             baseline = client.get_run(base_id)
         else:
             console.print(f"paired with baseline run {baseline.info.run_id}")
-    return run_measured(cfg, spec, validation.version, key, baseline)
+    return run_measured(cfg, spec, validation, key, baseline, prepared)
 
 
 def _out_dir() -> Path:
@@ -115,7 +137,7 @@ def main(cfg: DictConfig) -> dict | None:
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         return experiment(cfg)
-    except (Refused, InvalidLaunch) as exc:
+    except (Refused, InvalidLaunch, PairingRefused) as exc:
         console.print(f"[bold red]refused:[/] {exc}")
         if multirun:
             raise

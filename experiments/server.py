@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import httpx
@@ -33,11 +33,29 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return "(no server log)"
 
 
+class VisitLog:
+    """Which prompts a server has served, and how often: engines keep state across requests (SGLang's NGRAM
+    cache), so a prompt's second visit to one server is not a first-seen measurement."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, int]] = Counter()
+
+    def count(self, prompt_id: str, turn: int) -> int:
+        """Counts one more request of this prompt and turn; returns its visit number (1 = first seen)."""
+        self._counts[(prompt_id, turn)] += 1
+        return self._counts[(prompt_id, turn)]
+
+    def seen(self, prompt_ids: set[str]) -> set[str]:
+        """The prompts among `prompt_ids` already served (in any turn)."""
+        return {pid for pid, _ in self._counts} & prompt_ids
+
+
 class Server:
     def __init__(self, spec: LaunchSpec, log_path: Path):
         self.spec = spec
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self.visits = VisitLog()
 
     @property
     def base_url(self) -> str:

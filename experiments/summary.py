@@ -42,12 +42,45 @@ def level_metrics(level: LevelResult) -> dict[str, float]:
                            for r in ok if r.ttft_s is not None and len(r.output_token_ids) > 1]))
     m.update(_pct("e2e", [r.e2e_s for r in ok]))
     m["tokens_per_chunk"] = out_tokens / max(1, sum(len(r.chunk_tokens) for r in ok))
+    m.update(turn_metrics(level))
     return m
+
+
+def by_concurrency(results: list[LevelResult]) -> list[LevelResult]:
+    """One result per concurrency: its repetitions' records together, walls added (each repetition is a
+    disjoint slice measured back to back), engine counters from the first one's start to the last one's end."""
+    grouped: dict[int, list[LevelResult]] = {}
+    for r in results:
+        grouped.setdefault(r.concurrency, []).append(r)
+    return [LevelResult(c, sum(r.wall_s for r in rs), [rec for r in rs for rec in r.records],
+                        rs[0].metrics_before, rs[-1].metrics_after) for c, rs in grouped.items()]
+
+
+def turn_metrics(level: LevelResult) -> dict[str, float]:
+    """Multi-turn workloads: per user turn, latency and per-request decode rate (a turn is not a wall-clock
+    window of its own: turns of different conversations overlap)."""
+    turns = sorted({r.turn for r in level.records})
+    if turns == [0]:
+        return {}
+    out: dict[str, float] = {}
+    for t in turns:
+        ok = [r for r in level.records if r.turn == t and r.error is None and r.e2e_s]
+        if not ok:
+            continue
+        p = f"turn{t}/"
+        out[p + "requests"] = float(len(ok))
+        out[p + "request_tok_s"] = sum(len(r.output_token_ids) for r in ok) / sum(r.e2e_s for r in ok)
+        out[p + "prompt_tokens_mean"] = float(np.mean([len(r.prompt_token_ids) for r in ok]))
+        out.update({p + k: v for k, v in _pct("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]).items()
+                    if k.endswith("p50_ms")})
+        out[p + "tokens_per_chunk"] = sum(len(r.output_token_ids) for r in ok) / max(
+            1, sum(len(r.chunk_tokens) for r in ok))
+    return out
 
 
 def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
     s = Summary()
-    for level in levels:
+    for level in by_concurrency(levels):
         s.per_level[level.concurrency] = level_metrics(level)
         s.errors += int(s.per_level[level.concurrency]["errors"])
         metas = [r.meta for r in level.records if r.meta]

@@ -122,6 +122,12 @@ def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
             "specws.moe_unbudgeted": unbudgeted}
 
 
+def host_fingerprint(cfg: DictConfig) -> str:
+    """The machine a baseline was measured on, for the drift check of a stored baseline: host name, CPU count,
+    accelerator kind and the engine interpreter (another environment is another engine build)."""
+    return f"{platform.node()}/{os.cpu_count()}cpu/{cfg.site.accelerator}/{cfg.engine.python}"
+
+
 def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
     from experiments.launch_spec import sglang_patches_for
     requested = sglang_patches_for(cfg)
@@ -131,10 +137,39 @@ def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
         "specws.workload": cfg.workload.name, "specws.mode": mode,
         "specws.spec_method": cfg.spec.method, "git.commit": git_commit(),
         "host.platform": platform.platform(), "host.cpu_count": str(os.cpu_count()),
-        "host.accelerator": cfg.site.accelerator,
+        "host.accelerator": cfg.site.accelerator, "specws.host": host_fingerprint(cfg),
         "versions.mlflow": _version("mlflow"), "versions.hydra": _version("hydra-core"),
         "versions.torch": _version("torch"), "versions.sglang": _version("sglang"),
         "sglang_patches.requested": ",".join(requested) or "none",
         # replaced by the launcher's report once the server has started (measure._log_patches)
         "sglang_patches.applied": "none" if cfg.engine.name != "sglang" else "no launcher report yet",
     }
+
+
+def log_prompt_dataset(client, run_id: str, name: str, source: str, rows: list[dict], digest: str) -> None:
+    """The prompt set as an MLflow dataset input (shown on the run page, comparable across runs by digest):
+    one row per conversation -- id, category, its user turns -- with the workspace's own content digest."""
+    import mlflow.data
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+
+    frame = pd.DataFrame(rows)
+    dataset = mlflow.data.from_pandas(frame, source=source, name=name, digest=digest[:36])
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
+                                                     tags=[InputTag("mlflow.data.context", "measured")])])
+
+
+def run_records(client, run_id: str) -> list[dict] | None:
+    """A run's per-request records, read back from its `records/` artifacts; None when it has none."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = Path(client.download_artifacts(run_id, "records", tmp))
+        except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+            return None
+        files = sorted(local.glob("*.jsonl"))
+        if not files:
+            return None
+        return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]

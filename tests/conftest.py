@@ -40,3 +40,16 @@ def run_workspace(*args: str, env: dict | None = None, timeout: float = 1800,
                   cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=cwd, text=True,
                           capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def run_fixed(server, adapter, tokens: int, path: Path, token_ids: dict[str, list[int]], levels: list[int],
+              repetitions: int = 1, warmup: int = 0, reuse: bool = True):
+    """The workspace client over prompts given as token ids (the loopback server has no state to contaminate:
+    `reuse` sends every prompt in every slice, as the old client did)."""
+    from experiments.client import RequestSettings, WorkloadRunner, fixed_prompts
+    from experiments.harness.workloads.sampling import plan_visits
+
+    convs, render = fixed_prompts(token_ids)
+    plan = plan_visits(convs, levels, repetitions, warmup, 0, reuse)
+    runner = WorkloadRunner(server, adapter, "loopback", RequestSettings(tokens, 0.0, 0, 60), render, path)
+    return runner.run(plan, levels, repetitions)

@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import run_fixed
 
 from bench.harness_fidelity import LoopbackProcess
-from experiments.client import WorkloadRunner, load_records
+from experiments.client import load_records
 from experiments.engines.sglang_engine import SGLangAdapter
-from experiments.prompts import Prompt
 
 
 class Counting(SGLangAdapter):
@@ -55,8 +55,7 @@ def test_incremental_records_equal_whole_event_records(tmp_path: Path, per_event
         for incremental in (True, False):
             adapter = Counting(incremental)
             path = tmp_path / f"{incremental}.jsonl"
-            runner = WorkloadRunner(server, adapter, "loopback", 40, 0.0, 60, path)
-            runner.run([Prompt(f"p{i}", [100 + i, 1, 2]) for i in range(6)], [3], 1, 0)
+            run_fixed(server, adapter, 40, path, {f"p{i}": [100 + i, 1, 2] for i in range(6)}, [3])
             out[incremental] = (adapter.whole, sorted(load_records(path), key=lambda r: r["prompt_id"]))
     finally:
         server.stop()
@@ -77,15 +76,24 @@ def test_incremental_records_equal_whole_event_records(tmp_path: Path, per_event
 def test_warm_up_batch_at_each_concurrency_is_not_recorded(tmp_path: Path) -> None:
     """warmup=1: one request at c1, then one unrecorded batch of `level` requests before each level > 1."""
     server = LoopbackProcess(ttft_ms=2.0, itl_ms=0.5, tokens_per_event=1)
-    prompts = [Prompt(f"p{i}", [100 + i, 1, 2]) for i in range(5)]
+    prompts = {f"p{i}": [100 + i, 1, 2] for i in range(5)}
     try:
         served = {}
         for warmup in (0, 1):
             adapter = Counting(True)               # one whole-event parse per request: its finishing event
             path = tmp_path / f"w{warmup}.jsonl"
-            WorkloadRunner(server, adapter, "loopback", 8, 0.0, 60, path).run(prompts, [1, 3], 1, warmup)
+            run_fixed(server, adapter, 8, path, prompts, [1, 3], warmup=warmup)
             served[warmup] = adapter.whole
-            assert len(load_records(path)) == 2 * len(prompts)     # warm-ups never reach the records
+            records = load_records(path)
+            assert len(records) == 2 * (len(prompts) - warmup)     # warm-ups never reach the records
+            assert warmup == 0 or not {r["prompt_id"] for r in records} & warm_ids(prompts, warmup)
     finally:
         server.stop()
-    assert served == {0: 10, 1: 10 + 1 + 3}
+    assert served == {0: 10, 1: 8 + 1 + 3}
+
+
+def warm_ids(prompts: dict, warmup: int) -> set[str]:
+    from experiments.client import fixed_prompts
+    from experiments.harness.workloads.sampling import plan_visits
+    plan = plan_visits(fixed_prompts(prompts)[0], [1, 3], 1, warmup, 0, True)
+    return {c.id for c in plan.warmup}

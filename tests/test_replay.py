@@ -9,6 +9,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+from conftest import run_fixed
 from mlflow.tracking import MlflowClient
 
 from experiments.replay import (
@@ -215,15 +216,12 @@ def test_replay_run_logged_from_records(tmp_path: Path, store: str) -> None:
 def test_replay_of_a_run_id_links_both_runs(tmp_path: Path, store: str) -> None:
     """Records written by the workspace client (against the loopback server) as a run's artifacts."""
     from bench.harness_fidelity import LoopbackProcess
-    from experiments.client import WorkloadRunner
     from experiments.engines.vllm_engine import VLLMAdapter
-    from experiments.prompts import Prompt
     server = LoopbackProcess(ttft_ms=1.0, itl_ms=0.5)
     try:
         path = tmp_path / "records.jsonl"
         # prompts that hold the loopback's output ids 0..31, so the replay finds drafts to accept
-        WorkloadRunner(server, VLLMAdapter(), "loopback", 32, 0.0, 60, path).run(
-            [Prompt(f"p{i}", [900 + i, *range(40)]) for i in range(3)], [1], 1, 0)
+        run_fixed(server, VLLMAdapter(), 32, path, {f"p{i}": [900 + i, *range(40)] for i in range(3)}, [1])
     finally:
         server.stop()
     mlflow.set_tracking_uri(store)

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from conftest import run_fixed
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from bench.harness_fidelity import LoopbackProcess
-from experiments.client import WorkloadRunner
 from experiments.engines.sglang_engine import SGLangAdapter
-from experiments.prompts import Prompt
 from experiments.speedup_store import error_table, fit_eagle_cost, fit_verify_cost, sglang_step_points
 from experiments.summary import summarize
 
@@ -29,8 +28,7 @@ def log_run(client: MlflowClient, exp: str, tmp: Path, name: str, params: dict, 
     server = LoopbackProcess(ttft_ms=5.0, itl_ms=itl_ms, tokens_per_event=per_event)
     path = tmp / f"records-{name}.jsonl"
     try:
-        runner = WorkloadRunner(server, SGLangAdapter(), "loopback", 48, 0.0, 60, path)
-        levels = runner.run([Prompt(f"p{i}", [100 + i, 1, 2]) for i in range(4)], [1], 1, 0)
+        levels = run_fixed(server, SGLangAdapter(), 48, path, {f"p{i}": [100 + i, 1, 2] for i in range(4)}, [1])
     finally:
         server.stop()
     run_id = client.create_run(exp, run_name=name, tags={

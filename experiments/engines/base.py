@@ -22,6 +22,46 @@ class Validation:
 
 
 @dataclass
+class RequestAcceptance:
+    """Speculation of one request, for per-prompt and per-category analysis.
+
+    `steps`: engine steps that emitted tokens for the request, `emitted`: tokens they emitted,
+    `proposed`: draft tokens proposed (None where the engine does not say), `accepted_per_position[i]`:
+    steps that accepted draft position i (None where the engine does not say). Each engine's docstring
+    of `request_acceptance` says exactly what it counts as a step."""
+    steps: int
+    emitted: int
+    proposed: int | None = None
+    accepted_per_position: list[int] | None = None
+    correct_drafts: int | None = None   # accepted draft tokens, where the engine counts them itself
+
+    @property
+    def accept_length(self) -> float:
+        return self.emitted / self.steps if self.steps else float("nan")
+
+    @property
+    def accepted(self) -> int:
+        """Accepted draft tokens: the engine's count, else the per-position counts, else tokens beyond one
+        per step."""
+        if self.correct_drafts is not None:
+            return self.correct_drafts
+        if self.accepted_per_position is not None:
+            return sum(self.accepted_per_position)
+        return max(0, self.emitted - self.steps)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+
+def accepted_per_position(steps_accepting: dict[int, int]) -> list[int]:
+    """{accepted drafts n: steps that accepted n} -> steps that accepted position i, i = 0..max n - 1
+    (drafts are accepted in order, so a step accepting n drafts accepted positions 0..n-1)."""
+    width = max((n for n, c in steps_accepting.items() if c), default=0)
+    return [sum(c for n, c in steps_accepting.items() if n > i) for i in range(width)]
+
+
+@dataclass
 class StreamDelta:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -110,8 +150,8 @@ class EngineAdapter(ABC):
 
     @abstractmethod
     def stream_request(self, prompt_ids: list[int], max_tokens: int, temperature: float,
-                       model: str) -> tuple[str, dict]:
-        """(path, JSON body) of a streaming generation request."""
+                       model: str, seed: int | None = None) -> tuple[str, dict]:
+        """(path, JSON body) of a streaming generation request; `seed` seeds sampling at temperature > 0."""
 
     @abstractmethod
     def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta: ...
@@ -134,3 +174,9 @@ class EngineAdapter(ABC):
     @abstractmethod
     def acceptance(self, before: dict | None, after: dict | None,
                    metas: list[dict]) -> Acceptance | None: ...
+
+    @abstractmethod
+    def request_acceptance(self, record: dict) -> RequestAcceptance | None:
+        """Acceptance of one JSONL request record (client.RequestRecord as a dict); None for a failed
+        request or one the engine reports nothing for. The numbers are returned whether or not the run
+        speculates: the caller knows its spec.method (a baseline run gives one token per step)."""

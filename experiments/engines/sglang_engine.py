@@ -11,7 +11,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from experiments.engines.base import TOPK, Acceptance, EngineAdapter, StreamDelta, Validation
+from experiments.engines.base import (
+    TOPK,
+    Acceptance,
+    EngineAdapter,
+    RequestAcceptance,
+    StreamDelta,
+    Validation,
+    accepted_per_position,
+)
 from experiments.engines.sglang_versions import flags_for_version, installed_sglang
 
 CHECK_SCRIPT = Path(__file__).with_name("sglang_check.py")
@@ -81,9 +89,11 @@ class SGLangAdapter(EngineAdapter):
             return [{"ok": False, "version": "unknown", "error": error} for _ in argvs]
         return json.loads(lines[-1])
 
-    def stream_request(self, prompt_ids, max_tokens, temperature, model):
-        return "/generate", {"input_ids": prompt_ids, "stream": True,
-                             "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature}}
+    def stream_request(self, prompt_ids, max_tokens, temperature, model, seed=None):
+        sampling = {"max_new_tokens": max_tokens, "temperature": temperature}
+        if seed is not None:
+            sampling["sampling_seed"] = seed
+        return "/generate", {"input_ids": prompt_ids, "stream": True, "sampling_params": sampling}
 
     def parse_raw(self, data: bytes, tokens_so_far: int) -> StreamDelta | None:
         """The new tail of an unfinished event's cumulative output_ids, read from the raw bytes without
@@ -136,27 +146,76 @@ class SGLangAdapter(EngineAdapter):
         return sorted(((int(tid), lp) for lp, tid, *_ in top), key=lambda p: -p[1])
 
     def acceptance(self, before, after, metas) -> Acceptance | None:
-        """Per request: accept length = completion_tokens / spec_verify_ct (bonus token included)."""
-        metas = [m for m in metas if m and m.get("spec_verify_ct")]
-        if not metas:
-            return None
-        steps = sum(int(m["spec_verify_ct"]) for m in metas)
-        tokens = sum(int(m["completion_tokens"]) for m in metas)
-        proposed = sum(int(m.get("spec_proposed_drafts") or m.get("spec_draft_token_num") or 0) for m in metas)
-        accepted = tokens - steps
-        hist: dict[int, float] = {}
-        for m in metas:
-            for n, count in enumerate(m.get("spec_accept_histogram") or []):
-                hist[n + 1] = hist.get(n + 1, 0.0) + count
-        total = sum(hist.values())
-        hist = {n: c / total for n, c in hist.items()} if total else {}
-        # P(position i accepted) = P(step emits more than i+1 tokens), from the histogram when given.
-        per_pos = [sum(p for n, p in hist.items() if n > i + 1) for i in range(max(hist, default=1) - 1)]
-        return Acceptance(drafts=steps, draft_tokens=proposed, accepted_tokens=accepted,
-                          per_position=per_pos, accept_length=tokens / steps,
-                          acceptance_rate=accepted / proposed if proposed else float("nan"),
-                          length_histogram=hist)
+        """Over the requests' finishing meta_info (every release's shape, see `meta_acceptance`): accept
+        length = completion tokens / verification steps, as SGLang's own spec_accept_length."""
+        parts = [a for a in (meta_acceptance(m) for m in metas if m) if a is not None]
+        return merge_requests(parts)
 
+    def request_acceptance(self, record: dict) -> RequestAcceptance | None:
+        """From the finishing event's meta_info (`record["meta"]`): steps = SGLang's verification steps,
+        emitted = completion tokens (the prefill's first token included, as in SGLang's spec_accept_length)."""
+        if record.get("error") or not record.get("meta"):
+            return None
+        return meta_acceptance(record["meta"])
+
+
+# meta_info keys per release (tokenizer_manager.TokenizerManager: the finished branch of
+# _handle_batch_output in 0.5.2, _calculate_spec_decoding_metrics from 0.5.6), newest name first:
+ACCEPTED_KEYS = ("spec_num_correct_drafts",   # 0.5.14, 0.5.23
+                 "spec_accepted_drafts",      # 0.5.14 alias, gone in 0.5.23
+                 "spec_accept_token_num")     # 0.5.6, 0.5.9
+PROPOSED_KEYS = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+HISTOGRAM_KEYS = ("spec_correct_drafts_histogram",  # 0.5.14, 0.5.23
+                  "spec_accept_histogram")          # 0.5.9; 0.5.14 alias, gone in 0.5.23
+
+
+def _first(meta: dict, keys: tuple[str, ...]):
+    return next((meta[k] for k in keys if meta.get(k) is not None), None)
+
+
+def meta_acceptance(meta: dict) -> RequestAcceptance | None:
+    """One request's speculation from its finishing meta_info, whatever the release (0.5.2 ... 0.5.23).
+
+    spec_verify_ct counts verification steps (the prefill is none); the accepted count and the histogram
+    count accepted draft tokens per step, the bonus token excluded (histogram[n] = steps that accepted n
+    drafts); proposed = steps x (speculative_num_draft_tokens - 1). 0.5.2 reports spec_verify_ct only: the
+    accepted drafts are then the completion tokens beyond the prefill's and one per step."""
+    steps, emitted = int(meta.get("spec_verify_ct") or 0), int(meta.get("completion_tokens") or 0)
+    if steps <= 0:
+        return None
+    hist = _first(meta, HISTOGRAM_KEYS)
+    correct, proposed = _first(meta, ACCEPTED_KEYS), _first(meta, PROPOSED_KEYS)
+    return RequestAcceptance(
+        steps=steps, emitted=emitted, proposed=None if proposed is None else int(proposed),
+        accepted_per_position=None if hist is None else accepted_per_position(dict(enumerate(hist))),
+        correct_drafts=max(0, emitted - 1 - steps) if correct is None else int(correct))
+
+
+def merge_requests(parts: list[RequestAcceptance]) -> Acceptance | None:
+    """Requests' acceptance summed: rates over the requests that report the numbers behind them."""
+    if not parts:
+        return None
+    steps, emitted = sum(a.steps for a in parts), sum(a.emitted for a in parts)
+    accepted = sum(a.accepted for a in parts)
+    with_proposed = [a for a in parts if a.proposed]
+    proposed = sum(a.proposed for a in with_proposed)
+    rate = sum(a.accepted for a in with_proposed) / proposed if proposed else float("nan")
+    per_pos, hist = _positions([a for a in parts if a.accepted_per_position is not None])
+    return Acceptance(drafts=steps, draft_tokens=proposed, accepted_tokens=accepted, per_position=per_pos,
+                      accept_length=emitted / steps, acceptance_rate=rate, length_histogram=hist)
+
+
+def _positions(parts: list[RequestAcceptance]) -> tuple[list[float], dict[int, float]]:
+    """P(draft position i accepted) and P(step emits n tokens) over the steps of `parts`."""
+    steps = sum(a.steps for a in parts)
+    if not steps:
+        return [], {}
+    width = max(len(a.accepted_per_position) for a in parts)
+    counts = [sum(a.accepted_per_position[i] for a in parts if i < len(a.accepted_per_position))
+              for i in range(width)]
+    at_least = [steps, *counts, 0]
+    hist = {n + 1: (at_least[n] - at_least[n + 1]) / steps for n in range(width + 1)}
+    return [c / steps for c in counts], hist
 
 
 _NULL = re.compile(rb"\s*:\s*null\b")     # after "finish_reason": the request is still running

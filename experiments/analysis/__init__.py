@@ -1,0 +1,1 @@
+"""Analysis: reads records and runs; the harness never imports analysis."""

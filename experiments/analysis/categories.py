@@ -1,0 +1,160 @@
+"""Per-category results of an option run against its baseline: accept length, per-position acceptance,
+output tok/s and the speedup with its paired-bootstrap interval, per category x concurrency plus an "all"
+row; and the post-run processor that logs them (with the contamination check) to the option's run.
+
+Records without a `category` count as "all" (written before the key existed).
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from experiments.analysis.stats import paired_speedup, prompt_totals, prompts_to_decide, ratio_interval, verdict
+from experiments.engines.base import RequestAcceptance
+from experiments.harness.contamination import ContaminationCheck, check_contamination
+
+ALL = "all"
+HIST_BIN = 0.25
+Acceptor = Callable[[dict], RequestAcceptance | None]
+
+
+def acceptor(engine_name: str) -> Acceptor:
+    from experiments.engines import adapter_for
+    return adapter_for(engine_name).request_acceptance
+
+
+def accept_length_of(acc: Acceptor) -> Callable[[dict], float | None]:
+    """Per-request accept length (emitted / steps) for `check_contamination`."""
+    def accept(record: dict) -> float | None:
+        a = acc(record)
+        return a.accept_length if a is not None and a.steps else None
+    return accept
+
+
+def _ok(records: list[dict]) -> list[dict]:
+    return [r for r in records if not r.get("error") and r.get("e2e_s")]
+
+
+def _groups(records: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """(category, concurrency) -> records, with an ("all", c) group beside every level."""
+    out: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for r in _ok(records):
+        out[(ALL, r["concurrency"])].append(r)
+        if (cat := r.get("category") or ALL) != ALL:
+            out[(cat, r["concurrency"])].append(r)
+    return out
+
+
+def _acceptance(accs: list[RequestAcceptance]) -> dict[str, Any]:
+    """Accept length = Σemitted / Σsteps (the requests' accept lengths weighted by their steps), with a
+    bootstrap interval over requests; P(position i accepted) = Σ steps accepting i / Σ steps."""
+    accs = [a for a in accs if a.steps]
+    if not accs:
+        return {"accept_length": None, "accept_length_low": None, "accept_length_high": None,
+                "accept_per_position": []}
+    iv = ratio_interval([a.emitted for a in accs], [a.steps for a in accs])
+    with_pos = [a for a in accs if a.accepted_per_position]
+    width = max((len(a.accepted_per_position) for a in with_pos), default=0)
+    counts = np.zeros(width)
+    for a in with_pos:
+        counts[: len(a.accepted_per_position)] += a.accepted_per_position
+    steps = sum(a.steps for a in with_pos)
+    return {"accept_length": iv.estimate, "accept_length_low": iv.low, "accept_length_high": iv.high,
+            "accept_per_position": (counts / steps).tolist() if steps else []}
+
+
+def _tok_s(records: list[dict]) -> float | None:
+    e2e = sum(r["e2e_s"] for r in records)
+    return sum(len(r["output_token_ids"]) for r in records) / e2e if e2e > 0 else None
+
+
+def _row(category: str, c: int, opt: list[dict], base: list[dict], acc: Acceptor) -> dict[str, Any]:
+    iv = paired_speedup(prompt_totals(opt), prompt_totals(base))
+    accs = [a for a in map(acc, opt) if a is not None]
+    return {"category": category, "concurrency": c, "n_prompts": iv.n, "requests": len(opt),
+            "output_tok_s": _tok_s(opt), "baseline_output_tok_s": _tok_s(base) if base else None,
+            "speedup": iv.estimate, "speedup_low": iv.low, "speedup_high": iv.high, "method": iv.method,
+            "verdict": verdict(iv) if iv.n else "no baseline", "prompts_to_decide": prompts_to_decide(iv),
+            **_acceptance(accs)}
+
+
+def category_rows(option_records: list[dict], baseline_records: list[dict], acc: Acceptor) -> list[dict]:
+    """One row per (category, concurrency), "all" first at each level; speedup over the prompts both served."""
+    opt, base = _groups(option_records), _groups(baseline_records)
+    keys = sorted(opt, key=lambda k: (k[1], k[0] != ALL, k[0]))
+    return [_row(cat, c, opt[(cat, c)], base.get((cat, c), []), acc) for cat, c in keys]
+
+
+def metric_name(category: str) -> str:
+    """A category as MLflow allows it in a metric name (letters, digits, _ - . space /)."""
+    return re.sub(r"[^\w.\- ]", "_", category) or "_"
+
+
+def as_metrics(rows: list[dict]) -> dict[str, float]:
+    """cat/<category>/speedup_c<c>[_low|_high], cat/<category>/accept_length_c<c>, .../output_tok_s_c<c>,
+    .../prompts_c<c>; missing numbers are left out."""
+    out: dict[str, float] = {}
+    for row in rows:
+        head, c = f"cat/{metric_name(row['category'])}", row["concurrency"]
+        names = {"speedup": f"speedup_c{c}", "speedup_low": f"speedup_c{c}_low", "speedup_high": f"speedup_c{c}_high",
+                 "accept_length": f"accept_length_c{c}", "output_tok_s": f"output_tok_s_c{c}",
+                 "n_prompts": f"prompts_c{c}"}
+        for key, name in names.items():
+            value = row.get(key)
+            if value is not None and np.isfinite(value):
+                out[f"{head}/{name}"] = float(value)
+    return out
+
+
+def accept_length_hist(option_records: list[dict], acc: Acceptor) -> dict[str, Any]:
+    """Per-request accept lengths by concurrency, with counts over bins of HIST_BIN tokens from 1."""
+    values: dict[int, list[float]] = defaultdict(list)
+    for r in _ok(option_records):
+        if (a := acc(r)) is not None and a.steps:
+            values[r["concurrency"]].append(a.accept_length)
+    top = max((max(v) for v in values.values()), default=1.0)
+    edges = np.arange(1.0, top + 2 * HIST_BIN, HIST_BIN)
+    return {"bin_edges": edges.tolist(),
+            "counts": {str(c): np.histogram(v, edges)[0].tolist() for c, v in sorted(values.items())},
+            "values": {str(c): v for c, v in sorted(values.items())}}
+
+
+def hist_figure(hist: dict[str, Any]):
+    from experiments.plots import plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    edges = hist["bin_edges"]
+    for c, v in hist["values"].items():
+        ax.hist(v, bins=edges, histtype="step", lw=1.5, label=f"c={c} ({len(v)} requests)")
+    ax.set_xlabel("accept length per request (tokens per verification step)")
+    ax.set_ylabel("requests")
+    ax.set_title("Accept-length distribution")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def log_category_results(client: Any, run_id: str, option_records: list[dict], baseline_records: list[dict],
+                         engine_name: str) -> tuple[list[dict], ContaminationCheck]:
+    """Post-run processor for a measured option run (MlflowClient or OfflineClient): logs cat/* metrics,
+    categories.json, accept_length_hist.json + plots/accept_length_distribution.png, and the contamination
+    check (tag specws.contamination, contamination_* metrics)."""
+    acc = acceptor(engine_name)
+    rows = category_rows(option_records, baseline_records, acc)
+    check = check_contamination(option_records, accept_length_of(acc))
+    for key, value in (as_metrics(rows) | check.as_metrics()).items():
+        client.log_metric(run_id, key, value)
+    client.set_tag(run_id, "specws.contamination", check.as_tag()[:1000])
+    client.log_dict(run_id, {"rows": rows, "contamination": vars(check)}, "categories.json")
+    hist = accept_length_hist(option_records, acc)
+    client.log_dict(run_id, hist, "accept_length_hist.json")
+    if hist["values"]:
+        from experiments.plots import plt
+        fig = hist_figure(hist)
+        client.log_figure(run_id, fig, "plots/accept_length_distribution.png")
+        plt.close(fig)
+    return rows, check
