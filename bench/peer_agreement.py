@@ -36,11 +36,14 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.client import WorkloadRunner
+from experiments.client import RequestSettings, WorkloadRunner, fixed_prompts
 from experiments.engines.vllm_engine import SPEC_COUNTERS, VLLMAdapter
+from experiments.harness.workloads.formats import load_file
+from experiments.harness.workloads.render import render_turn, turn_messages
+from experiments.harness.workloads.sampling import VisitPlan
 from experiments.launch_spec import LaunchSpec
 from experiments.paths import PROMPT_SETS, ROOT, cache_dir
-from experiments.prompts import Prompt, load_prompts
+from experiments.prompts import Prompt
 from experiments.server import Server
 from experiments.summary import level_metrics
 
@@ -54,26 +57,38 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_H
 PROMPT_SET_NAMES = ("chat", "grounded")
 # counters differenced over each pass, besides the spec-decode ones (experiments/engines/vllm_engine.py)
 SERVER_COUNTERS = {"vllm:prompt_tokens": "prompt_tokens", "vllm:generation_tokens": "generation_tokens",
-                   "vllm:request_success": "requests"}
+                   "vllm:request_success": "requests", "vllm:prefix_cache_queries": "prefix_cache_queries",
+                   "vllm:prefix_cache_hits": "prefix_cache_hits"}
+# `vllm bench serve` exactly as `vllm.entrypoints.cli.benchmark.serve` runs it; the `vllm` console script and
+# `python -m vllm.entrypoints.cli.main` both stop at importlib.metadata.version("vllm"): the distribution is vllm-cpu
+VLLM_BENCH_SERVE = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser(prog="vllm bench serve")
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
 COMPARED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "accept_length")
 
 
 # ---------------------------------------------------------------------------------------------- prompts
 
 def bench_prompts(per_set: int) -> tuple[list[Prompt], list[str]]:
-    """Up to `per_set` rows of each prompt set, alternating sets: the workspace's token ids (load_prompts,
-    exactly what experiments.run sends) and the same chat-templated text for the peer."""
+    """The first `per_set` one-turn conversations of each prompt set, alternating sets: the workspace's token
+    ids (experiments/harness/workloads: load_file + render_turn, what experiments.run sends) and the same
+    chat-templated text for the peer."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
     by_set = []
     for name in PROMPT_SET_NAMES:
-        rows = [json.loads(line) for line in (PROMPT_SETS / f"{name}.jsonl").read_text().splitlines()
-                if line.strip()][:per_set]
-        ids = load_prompts(name, str(MODEL_DIR), per_set)
-        texts = [tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-                 if "messages" in r else r["prompt"] for r in rows]
-        by_set.append([(Prompt(f"{name}/{p.id}", p.token_ids), t) for p, t in zip(ids, texts, strict=True)])
+        convs = [c for c in load_file(PROMPT_SETS / f"{name}.jsonl") if c.num_turns == 1][:per_set]
+        texts = [c.raw_prompt if c.raw_prompt is not None else
+                 tok.apply_chat_template(turn_messages(c, 0, []), add_generation_prompt=True, tokenize=False)
+                 for c in convs]
+        by_set.append([(Prompt(f"{name}/{c.id}", render_turn(tok, c, 0, [])), t)
+                       for c, t in zip(convs, texts, strict=True)])
     mixed = [pair for group in zip(*by_set, strict=False) for pair in group]
     longest = max(by_set, key=len)
     mixed += longest[min(len(g) for g in by_set):]   # the rest of the longer set
@@ -128,8 +143,11 @@ def run_ours(server: Server, prompts: list[Prompt], concurrency: int, max_tokens
              records_path: Path) -> tuple[dict, list]:
     """The workspace client at one concurrency, no warm-up (the server is warmed once, up front): (the metrics
     as experiments.summary logs them, the request records). The only call into WorkloadRunner's API."""
-    runner = WorkloadRunner(server, VLLMAdapter(), SERVED, max_tokens, 0.0, 600, records_path)
-    (level,) = runner.run(prompts, [concurrency], 1, 0)
+    convs, render = fixed_prompts({p.id: p.token_ids for p in prompts})
+    runner = WorkloadRunner(server, VLLMAdapter(), SERVED, RequestSettings(max_tokens, 0.0, 0, 600.0), render,
+                            records_path)
+    plan = VisitPlan(warmup=[], level_warmup={}, measured={(concurrency, 0): convs}, levels=[concurrency])
+    (level,) = runner.run(plan, [concurrency], 1)
     return level_metrics(level), level.records
 
 
@@ -149,10 +167,10 @@ def ours_pass(server: Server, prompts: list[Prompt], c: int, max_tokens: int, tm
 # ----------------------------------------------------------------------------------------- peer client
 
 def run_peer(base_url: str, dataset: Path, n: int, c: int, max_tokens: int, tmp: Path) -> dict:
-    """`vllm bench serve` (the vLLM venv's own module; the `vllm` console script refuses to start there because
-    the distribution is named vllm-cpu), no warm-up or ready check, its result JSON with per-request detail."""
+    """`vllm bench serve` (its own parser and main, as the CLI subcommand calls them), no warm-up or ready check
+    (the server is warm; its counters then hold this pass only), its result JSON with per-request detail."""
     name = f"peer-{time.monotonic_ns()}.json"
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+    cmd = [str(VLLM_PYTHON), "-c", VLLM_BENCH_SERVE,
            "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
            "--model", SERVED, "--tokenizer", str(MODEL_DIR),
            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
@@ -182,6 +200,9 @@ def run_peer(base_url: str, dataset: Path, n: int, c: int, max_tokens: int, tmp:
                "errors": float(res.get("failed", 0)), "output_tokens": float(res["total_output_tokens"]),
                "tokens_per_chunk": sum(lens) / max(1, sum(len(r) + 1 for r in itls))}
     return {"metrics": metrics, "ours_formulas_on_peer_data": recomputed,
+            "peer_reported": {k: res.get(k) for k in ("spec_decode_acceptance_length", "spec_decode_num_drafts",
+                                                      "spec_decode_accepted_tokens", "total_input_tokens",
+                                                      "max_output_tokens_per_s")},
             "per_request": {"prompt_tokens": res["input_lens"], "output_tokens": lens,
                             "chunks": [len(r) + 1 for r in itls], "errors": [e for e in res["errors"] if e]},
             "texts": res["generated_texts"], "peer_stdout_tail": proc.stdout[-2500:]}
@@ -206,7 +227,10 @@ def write_dataset(texts: list[str], max_tokens: int, path: Path) -> None:
 # --------------------------------------------------------------------------------------------- the run
 
 def warm(server: Server, prompts: list[Prompt], levels: list[int], max_tokens: int, tmp: Path) -> None:
-    """Unrecorded: the server's first requests and its first batch of each size, before either client."""
+    """Unrecorded, before either client: every prompt once with one output token, so that every measured pass
+    finds the same prompts in vLLM's prefix cache (on, as the workspace serves; otherwise the first pass alone
+    would pay full prefills); then the server's first batch of each size."""
+    run_ours(server, prompts, 1, 1, tmp / "warm-prefill.jsonl")
     for c in sorted(set([1, *levels])):
         run_ours(server, prompts[: max(2, c)], c, max_tokens, tmp / f"warm-c{c}.jsonl")
 

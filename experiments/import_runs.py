@@ -8,6 +8,7 @@ between them (parent run, paired baseline, training run) are rewritten to the ne
 from __future__ import annotations
 
 import argparse
+import json
 import tarfile
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from experiments.offline_store import OfflineClient
 from experiments.paths import ROOT
+from experiments.tracking import log_prompt_dataset
 
 LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.training_run_id",
              "specws.evaluation_run_id", "specws.source_run_id")
@@ -48,6 +50,10 @@ def import_store(source: OfflineClient, client: MlflowClient, artifact_root: Pat
         artifacts = source.root / old_id / "artifacts"
         if any(artifacts.iterdir()):
             client.log_artifacts(new_id, str(artifacts))
+        prompt_set = artifacts / "prompt_set.json"
+        if prompt_set.exists():   # the dataset input the offline store could not hold
+            ps = json.loads(prompt_set.read_text())
+            log_prompt_dataset(client, new_id, ps["name"], ps["source"], ps["rows"], ps["digest"])
         status = meta["status"] if meta["status"] != "RUNNING" else "FAILED"  # never finished over there
         client.set_terminated(new_id, status, end_time=meta["end_time"])
         mapping[old_id] = new_id

@@ -63,7 +63,8 @@ def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
 def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     adapter = adapter_for(cfg.engine.name)
     site_args = list(cfg.site.engine_args.get(cfg.engine.name) or [])
-    args = [str(a) for a in [*adapter.model_args(cfg), *site_args, *adapter.spec_args(cfg), *cfg.engine.extra_args]]
+    args = [str(a) for a in [*adapter.model_args(cfg), *site_args, *adapter.spec_args(cfg), *cfg.engine.extra_args,
+                             *adapter.limit_args(cfg)]]   # the same limits on every command line, baseline included
     # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
     if hasattr(adapter, "args_for_installed_version"):
         args = adapter.args_for_installed_version(cfg.engine.python, args)

@@ -22,6 +22,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ws.root", lambda rel="": str(ROOT / rel))
     if not OmegaConf.has_resolver("ws.add"):  # e.g. EAGLE draft tokens = steps + 1 (conf/option/C.yaml)
         OmegaConf.register_new_resolver("ws.add", lambda *xs: sum(int(x) for x in xs))
+    if not OmegaConf.has_resolver("ws.max"):  # e.g. the largest concurrency level (conf/config.yaml limits)
+        OmegaConf.register_new_resolver("ws.max", lambda xs: max(int(x) for x in xs))
 
 
 register_resolvers()

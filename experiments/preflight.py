@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.engines.knobs import refuse_unused_knobs
 from sglang_patches import UnknownPatch, resolve
 
 
@@ -32,6 +33,7 @@ def check_option(cfg: DictConfig) -> None:
         raise Refused(f"engine {cfg.engine.name} is not available on site {cfg.site.name} "
                       f"(it has {site_engines})")
     check_patches(cfg)
+    refuse_unused_knobs(cfg)
     if cfg.spec.get("moe_expert_budget") is not None:
         check_moe_model(cfg)
     if cfg.spec.method == "eagle3" and not cfg.spec.draft_model:

@@ -1,18 +1,24 @@
 """Decision report for a sweep or a set of runs: speedup vs concurrency per option against its baseline,
-95 % confidence intervals, the speedup model's prediction beside each measurement, a verdict per option.
+95 % confidence intervals, the speedup model's prediction beside each measurement, a verdict per option,
+per-category rows, and a contamination flag per run.
 
 `python -m experiments.report <experiment name | parent run id> [--tracking-uri URI] [--out DIR]`
 
-Confidence intervals: a configuration measured in several runs -> t-interval over the runs' speedups
-(includes the machine's run-to-run noise); one run with workload.repetitions >= 2 -> t-interval over the
-per-repetition throughputs from its records; one repetition -> bootstrap over its requests (and its
-baseline's), which shows only request-to-request spread. Writes one self-contained HTML (figure + verdict
-table) and the PNG, logs both to the parent run (or to a new `report` run for an experiment), prints the path.
+Speedup and interval: (Σ output tokens / Σ request e2e seconds) of the option over its baseline's, on the
+prompts both served, with a paired bootstrap over those prompts (experiments.analysis.stats). A configuration
+measured in several runs pools their prompts (each run's prompt paired with its own baseline's); with 3 or
+more runs the interval is widened to cover the t-interval over the runs' estimates as well, so run-to-run
+machine noise is not hidden (with 2 runs a t-interval on 1 degree of freedom says nothing). The old
+"t over repetitions" interval is gone: repetitions of one prompt set re-sent the same prompts, so they sampled
+timing noise, not prompts (and, on engines that remember, measured the memory); the workload now draws
+disjoint prompts per repetition, which the prompt bootstrap covers. Runs without records keep the t-interval
+over runs' logged speedups. A configuration with a run flagged by the contamination check
+(experiments.harness.contamination) is marked "contaminated — not a verdict". Writes one self-contained HTML
+and the PNG, logs both to the parent run (or to a new `report` run for an experiment), prints the path.
 """
 from __future__ import annotations
 
 import argparse
-import base64
 import io
 import os
 import sys
@@ -25,11 +31,14 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from experiments.analysis.categories import ALL, accept_length_of, acceptor, category_rows
+from experiments.analysis.report_html import page
+from experiments.harness.contamination import check_contamination
 from experiments.speedup_model import PredictionUnavailable, levels_of, predict_run
 from experiments.speedup_store import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-BOOTSTRAP = 2000
+CONTAMINATED = "contaminated — not a verdict"
 
 
 class ReportInputError(ValueError):
@@ -45,6 +54,9 @@ class Point:
     ci: str                     # how the interval was made
     predicted: float | None
     runs: int
+    logged: float | None = None           # the runs' logged wall-clock speedup (mean)
+    prompts: int = 0
+    to_decide: int | None = None          # prompts that would settle an inconclusive point
 
 
 @dataclass
@@ -52,6 +64,12 @@ class OptionSeries:
     label: str
     workload: str
     points: dict[int, Point] = field(default_factory=dict)
+    categories: list[dict] = field(default_factory=list)
+    contamination: dict[str, str] = field(default_factory=dict)    # run name (id) -> check
+
+    @property
+    def contaminated(self) -> bool:
+        return any(tag.startswith("contaminated") for tag in self.contamination.values())
 
     def verdict(self) -> str:
         pays = [c for c, p in sorted(self.points.items()) if p.low > 1.0]
@@ -70,6 +88,8 @@ class OptionSeries:
                and not p.low <= p.predicted <= p.high and abs(p.predicted - p.speedup) > 0.25 * p.speedup]
         if odd:
             parts.append(f"model disagrees at c={', '.join(odd)}: check the baseline pairing")
+        if self.contaminated:
+            return f"{CONTAMINATED}: measured " + "; ".join(parts)
         head = "pays" if pays and not loses else "does not pay" if loses and not pays else "depends"
         return f"{head}: " + "; ".join(parts)
 
@@ -93,47 +113,10 @@ def records_of(client, run_id: str) -> list[dict]:
         return [r for f in sorted(local.glob("*.jsonl")) for r in load_records(f)]
 
 
-def _throughput(recs: list[dict]) -> float:
-    """Concurrency-level throughput estimator from requests alone: c * tokens / request time."""
-    tokens = sum(len(r["output_token_ids"]) for r in recs)
-    busy = sum(r["e2e_s"] for r in recs)
-    return recs[0]["concurrency"] * tokens / busy if busy else float("nan")
-
-
-def per_repetition_tok_s(recs: list[dict]) -> list[float]:
-    by_rep: dict[int, list[dict]] = defaultdict(list)
-    for r in recs:
-        by_rep[r["repetition"]].append(r)
-    out = []
-    for rs in by_rep.values():
-        span = max(r["start_s"] + r["e2e_s"] for r in rs) - min(r["start_s"] for r in rs)
-        out.append(sum(len(r["output_token_ids"]) for r in rs) / span if span > 0 else float("nan"))
-    return out
-
-
 def t_interval(values: list[float]) -> tuple[float, float]:
     v = np.asarray(values, dtype=float)
     half = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
     return float(v.mean() - half), float(v.mean() + half)
-
-
-def single_run_interval(option_recs: list[dict], base_recs: list[dict], speedup: float,
-                        rng: np.random.Generator) -> tuple[float, float, str]:
-    if not option_recs or not base_recs:
-        return speedup, speedup, "none (no records)"
-    reps_o, reps_b = per_repetition_tok_s(option_recs), per_repetition_tok_s(base_recs)
-    if len(reps_o) >= 2 and len(reps_b) >= 2:
-        ratios = [o / np.mean(reps_b) for o in reps_o]
-        return (*t_interval(ratios), f"t over {len(reps_o)} repetitions")
-    estimate = _throughput(option_recs) / _throughput(base_recs)
-    boots = []
-    for _ in range(BOOTSTRAP):
-        o = [option_recs[i] for i in rng.integers(0, len(option_recs), len(option_recs))]
-        b = [base_recs[i] for i in rng.integers(0, len(base_recs), len(base_recs))]
-        boots.append(_throughput(o) / _throughput(b))
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    # the request-level estimator is not the level's wall-clock throughput: keep its relative spread
-    return speedup * lo / estimate, speedup * hi / estimate, f"bootstrap over {len(option_recs)} requests"
 
 
 def select_runs(client, target: str, since_ms: int | None = None) -> tuple[list, list, str, object | None]:
@@ -162,42 +145,106 @@ def select_runs(client, target: str, since_ms: int | None = None) -> tuple[list,
     return options, runs, exp_id, parent
 
 
-def build_series(client, options: list, all_runs: list, seed: int = 0) -> list[OptionSeries]:
+class Records:
+    """Each run's records, downloaded once."""
+
+    def __init__(self, client) -> None:
+        self.client, self.cache = client, {}
+
+    def __call__(self, run_id: str) -> list[dict]:
+        if run_id not in self.cache:
+            self.cache[run_id] = records_of(self.client, run_id)
+        return self.cache[run_id]
+
+
+def _engine(run) -> str:
+    return run.data.tags.get("specws.engine") or run.data.params.get("engine.name", "?")
+
+
+def _acceptor(run):
+    """The run's engine's per-request acceptance; an engine the workspace does not know reports none."""
+    try:
+        return acceptor(_engine(run))
+    except ValueError:
+        return lambda record: None
+
+
+def contamination_of(run, records: list[dict]) -> str:
+    """The run's logged check (specws.contamination), else the check computed now from its records."""
+    if tag := run.data.tags.get("specws.contamination"):
+        return tag
+    return check_contamination(records, accept_length_of(_acceptor(run))).as_tag()
+
+
+def _pooled(runs: list, records: Records) -> tuple[list[dict], list[dict]]:
+    """Every run's records and its baseline's, prompt ids prefixed by the pair, so that pairs pool as prompts."""
+    opt, base = [], []
+    for i, run in enumerate(runs):
+        for out, rid in ((opt, run.info.run_id), (base, run.data.tags["specws.baseline_run_id"])):
+            out.extend({**r, "prompt_id": f"{i}/{r['prompt_id']}"} for r in records(rid))
+    return opt, base
+
+
+def _point(c: int, row: dict | None, per_run: list[float], logged: list[float], predicted: float | None) -> Point:
+    if row is None or not row["n_prompts"]:        # no records: the runs' logged speedups
+        lo, hi = t_interval(logged) if len(logged) >= 2 else (float(np.mean(logged)),) * 2
+        how = f"t over {len(logged)} runs" if len(logged) >= 2 else "none (no records)"
+        return Point(c, float(np.mean(logged)), lo, hi, how, predicted, len(logged), float(np.mean(logged)))
+    lo, hi, how = row["speedup_low"], row["speedup_high"], row["method"]
+    if len(per_run) >= 3:
+        t_lo, t_hi = t_interval(per_run)
+        lo, hi, how = min(lo, t_lo), max(hi, t_hi), f"{how} of {len(per_run)} runs, widened to t over the runs"
+    elif len(per_run) == 2:
+        how = f"{how} of 2 runs (run-to-run noise not in the interval)"
+    return Point(c, row["speedup"], lo, hi, how, predicted, len(logged), float(np.mean(logged)),
+                 row["n_prompts"], row["prompts_to_decide"])
+
+
+def _logged(runs: list, by_id: dict, c: int) -> list[float]:
+    """The runs' logged wall-clock speedups at concurrency c (output_tok_s_c<c> over the baseline's)."""
+    key, out = f"output_tok_s_c{c}", []
+    for run in runs:
+        base = by_id[run.data.tags["specws.baseline_run_id"]].data.metrics
+        if run.data.metrics.get(key) and base.get(key):
+            out.append(run.data.metrics[key] / base[key])
+    return out
+
+
+def _series(label: str, workload: str, runs: list, by_id: dict, records: Records, predictions: dict) -> OptionSeries:
+    s = OptionSeries(label, workload)
+    acc = _acceptor(runs[0])
+    rows = category_rows(*_pooled(runs, records), acc)
+    s.categories = rows
+    single = [category_rows(*_pooled([run], records), acc) for run in runs] if len(runs) >= 3 else []
+    for run in runs:
+        s.contamination[f"{run.info.run_name} ({run.info.run_id[:8]})"] = contamination_of(
+            run, records(run.info.run_id))
+    for c in sorted({c for run in runs for c in levels_of(run.data.metrics)}):
+        logged = _logged(runs, by_id, c)
+        if not logged:
+            continue
+        row = next((r for r in rows if r["category"] == ALL and r["concurrency"] == c), None)
+        per_run = [r["speedup"] for rr in single for r in rr if r["category"] == ALL and r["concurrency"] == c]
+        preds = [p[f"predicted_speedup_c{c}"] for p in predictions.values() if f"predicted_speedup_c{c}" in p]
+        s.points[c] = _point(c, row, per_run, logged, float(np.mean(preds)) if preds else None)
+    return s
+
+
+def build_series(client, options: list, all_runs: list) -> list[OptionSeries]:
     by_id = {r.info.run_id: r for r in all_runs}
     ngram = ngram_sources(client, options)
     slopes = probe_slopes(ngram_sources(client, [r for r in all_runs
                                                  if r.data.params.get("spec.method") == "ngram"]))
-    rng = np.random.default_rng(seed)
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for run in options:
         if run.data.tags["specws.baseline_run_id"] in by_id:
             groups[config_key(run)].append(run)
+    records = Records(client)
     series = []
     for (label, workload), runs in sorted(groups.items()):
-        s = OptionSeries(label, workload)
-        per_c: dict[int, list[tuple[float, float | None, object]]] = defaultdict(list)
-        for run in runs:
-            base = by_id[run.data.tags["specws.baseline_run_id"]]
-            predicted = _prediction(run, base, ngram, slopes)
-            for c in levels_of(run.data.metrics):
-                if f"output_tok_s_c{c}" in base.data.metrics:
-                    sp = run.data.metrics[f"output_tok_s_c{c}"] / base.data.metrics[f"output_tok_s_c{c}"]
-                    per_c[c].append((sp, predicted.get(f"predicted_speedup_c{c}"), run))
-        for c, entries in sorted(per_c.items()):
-            speeds = [e[0] for e in entries]
-            preds = [e[1] for e in entries if e[1] is not None]
-            if len(entries) >= 2:
-                lo, hi = t_interval(speeds)
-                how = f"t over {len(entries)} runs"
-            else:
-                run = entries[0][2]
-                base_id = run.data.tags["specws.baseline_run_id"]
-                o = [r for r in records_of(client, run.info.run_id) if r["concurrency"] == c and not r.get("error")]
-                b = [r for r in records_of(client, base_id) if r["concurrency"] == c and not r.get("error")]
-                lo, hi, how = single_run_interval(o, b, speeds[0], rng)
-            s.points[c] = Point(c, float(np.mean(speeds)), lo, hi, how,
-                                float(np.mean(preds)) if preds else None, len(entries))
-        series.append(s)
+        predictions = {run.info.run_id: _prediction(run, by_id[run.data.tags["specws.baseline_run_id"]], ngram,
+                                                    slopes) for run in runs}
+        series.append(_series(label, workload, runs, by_id, records, predictions))
     return series
 
 
@@ -233,7 +280,9 @@ def figure(series: list[OptionSeries], title: str):
             y = np.array([s.points[c].speedup for c in cs])
             err = np.array([[y[j] - s.points[c].low for j, c in enumerate(cs)],
                             [s.points[c].high - y[j] for j, c in enumerate(cs)]])
-            ax.errorbar(x, y, yerr=np.clip(err, 0, None), fmt="o-", color=color, capsize=4, label=s.label)
+            label = s.label + (" [contaminated]" if s.contaminated else "")
+            ax.errorbar(x, y, yerr=np.clip(err, 0, None), fmt="o:" if s.contaminated else "o-", color=color,
+                        capsize=4, label=label)
             pred = [(xj, s.points[c].predicted) for xj, c in zip(x, cs, strict=True) if s.points[c].predicted]
             if pred:
                 ax.plot(*zip(*pred, strict=True), "D", mfc="none", color=color, ms=9,
@@ -249,24 +298,6 @@ def figure(series: list[OptionSeries], title: str):
     fig.suptitle(f"{title}: measured (95 % CI) and predicted (hollow diamonds)")
     fig.tight_layout()
     return fig
-
-
-def html(series: list[OptionSeries], png: bytes, title: str) -> str:
-    rows = []
-    for s in series:
-        for c, p in sorted(s.points.items()):
-            pred = "-" if p.predicted is None else f"{p.predicted:.2f}x"
-            rows.append(f"<tr><td>{s.label}</td><td>{s.workload}</td><td>{c}</td><td><b>{p.speedup:.2f}x</b></td>"
-                        f"<td>[{p.low:.2f}, {p.high:.2f}]</td><td>{p.ci}</td><td>{pred}</td></tr>")
-    verdicts = "".join(f"<li><b>{s.label}</b> on {s.workload}: {s.verdict()}</li>" for s in series)
-    img = base64.b64encode(png).decode()
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:sans-serif;margin:2em}}td,th{{border:1px solid #ccc;padding:4px 8px}}
-table{{border-collapse:collapse}}</style></head><body><h1>{title}</h1>
-<h2>Verdict</h2><ul>{verdicts}</ul><img src="data:image/png;base64,{img}" style="max-width:100%">
-<h2>Measurements</h2><table><tr><th>option</th><th>workload</th><th>concurrency</th><th>speedup</th>
-<th>95 % CI</th><th>interval from</th><th>model</th></tr>{''.join(rows)}</table>
-<p>Pays: the interval lies above 1; does not pay: below 1; inconclusive: it straddles 1.</p></body></html>"""
 
 
 def _since_ms(text: str) -> int:
@@ -313,13 +344,15 @@ def main(argv: list[str] | None = None) -> int:
                                                               f"-since-{_iso(args.since).replace(':', '')}")
     png_path, html_path = args.out / f"report-{stem}.png", args.out / f"report-{stem}.html"
     png_path.write_bytes(buf.getvalue())
-    html_path.write_text(html(series, buf.getvalue(), title))
+    html_path.write_text(page(series, buf.getvalue(), title))
     run_id = parent.info.run_id if parent is not None else client.create_run(
         exp_id, tags={"mlflow.runName": f"report-{stem}"[:250], "specws.mode": "report"}).info.run_id
     client.log_artifact(run_id, str(html_path), "report")
     client.log_artifact(run_id, str(png_path), "report")
-    client.log_dict(run_id, {f"{s.label} | {s.workload}": {"verdict": s.verdict(), "points": {
-        c: vars(p) for c, p in s.points.items()}} for s in series}, "report/verdicts.json")
+    client.log_dict(run_id, {f"{s.label} | {s.workload}": {
+        "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,
+        "points": {c: vars(p) for c, p in s.points.items()}, "categories": s.categories} for s in series},
+        "report/verdicts.json")
     if parent is None:
         client.set_terminated(run_id, "FINISHED")
     for s in series:

@@ -5,6 +5,7 @@ import fcntl
 import os
 import platform
 import subprocess
+import warnings
 from collections import namedtuple
 from contextlib import contextmanager
 from importlib import metadata
@@ -148,13 +149,18 @@ def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
 
 def log_prompt_dataset(client, run_id: str, name: str, source: str, rows: list[dict], digest: str) -> None:
     """The prompt set as an MLflow dataset input (shown on the run page, comparable across runs by digest):
-    one row per conversation -- id, category, its user turns -- with the workspace's own content digest."""
+    one row per conversation -- id, category, its user turns -- with the workspace's own content digest. Also
+    as `prompt_set.json`, which the offline store keeps (no MLflow on the H200 host) and the importer reads."""
+    client.log_dict(run_id, {"name": name, "source": source, "digest": digest, "rows": rows}, "prompt_set.json")
+    if not hasattr(client, "log_inputs"):
+        return
     import mlflow.data
     import pandas as pd
     from mlflow.entities import DatasetInput, InputTag
 
-    frame = pd.DataFrame(rows)
-    dataset = mlflow.data.from_pandas(frame, source=source, name=name, digest=digest[:36])
+    with warnings.catch_warnings():   # MLflow's notes on ambiguous local sources and integer columns
+        warnings.simplefilter("ignore")
+        dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=source, name=name, digest=digest[:36])
     client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
                                                      tags=[InputTag("mlflow.data.context", "measured")])])
 

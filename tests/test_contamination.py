@@ -133,3 +133,15 @@ def test_post_run_processor_logs_categories_and_the_flag(old_store: str, tmp_pat
     arts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
         a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"categories.json", "accept_length_hist.json", "plots/accept_length_distribution.png"} <= arts
+
+
+def test_processor_without_a_baseline(tmp_path: Path) -> None:
+    """A run without a baseline (or a baseline run itself) still gets its acceptance, check and histogram."""
+    client = OfflineClient(tmp_path)
+    run_id = client.create_run("exp", "base").info.run_id
+    recs = [record(f"p{i}", 1, 0, float(i), 2.0, visit=1, order=i,
+                   meta={"completion_tokens": 80, "spec_verify_ct": 40}) for i in range(6)]
+    rows, check = log_category_results(client, run_id, recs, None, "sglang")
+    assert rows[0]["verdict"] == "no baseline" and rows[0]["accept_length"] == pytest.approx(2.0)
+    assert not check.flagged and client.get_run(run_id).data.tags["specws.contamination"].startswith("clean")
+    assert (tmp_path / run_id / "artifacts" / "plots" / "accept_length_distribution.png").exists()

@@ -61,10 +61,16 @@ def test_every_option_and_site_passes_the_installed_releases_parser(sglang_relea
 
 
 def test_spec_uses_the_name_each_release_knows(sglang_release: str) -> None:
-    args = build_launch_spec(compose_cfg("+option=A", "site=h200")).args
+    args = build_launch_spec(compose_cfg("+option=A", "site=h200", "spec.ngram.max_trie_depth=18")).args
     assert args[args.index("--speculative-algorithm") + 1] == "NGRAM"
     assert "--cuda-graph-max-bs-decode" in args and "--cuda-graph-max-bs" not in args  # both releases know it
-    assert "--speculative-ngram-max-trie-depth" in args
+    assert args[args.index("--speculative-ngram-max-trie-depth") + 1] == "18"
+
+
+def test_null_ngram_settings_are_left_to_sglang() -> None:
+    """Option A names no trie setting: SGLang's own defaults apply, and no vLLM-only window reaches SGLang."""
+    args = build_launch_spec(compose_cfg("+option=A", "site=h200")).args
+    assert not [a for a in args if a.startswith("--speculative-ngram-")]
 
 
 def test_old_name_in_a_config_is_refused_by_0_5_23_unless_respelled() -> None:

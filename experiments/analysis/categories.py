@@ -82,9 +82,10 @@ def _row(category: str, c: int, opt: list[dict], base: list[dict], acc: Acceptor
             **_acceptance(accs)}
 
 
-def category_rows(option_records: list[dict], baseline_records: list[dict], acc: Acceptor) -> list[dict]:
-    """One row per (category, concurrency), "all" first at each level; speedup over the prompts both served."""
-    opt, base = _groups(option_records), _groups(baseline_records)
+def category_rows(option_records: list[dict], baseline_records: list[dict] | None, acc: Acceptor) -> list[dict]:
+    """One row per (category, concurrency), "all" first at each level; speedup over the prompts both served
+    (none without baseline records: verdict "no baseline")."""
+    opt, base = _groups(option_records), _groups(baseline_records or [])
     keys = sorted(opt, key=lambda k: (k[1], k[0] != ALL, k[0]))
     return [_row(cat, c, opt[(cat, c)], base.get((cat, c), []), acc) for cat, c in keys]
 
@@ -138,7 +139,7 @@ def hist_figure(hist: dict[str, Any]):
     return fig
 
 
-def log_category_results(client: Any, run_id: str, option_records: list[dict], baseline_records: list[dict],
+def log_category_results(client: Any, run_id: str, option_records: list[dict], baseline_records: list[dict] | None,
                          engine_name: str) -> tuple[list[dict], ContaminationCheck]:
     """Post-run processor for a measured option run (MlflowClient or OfflineClient): logs cat/* metrics,
     categories.json, accept_length_hist.json + plots/accept_length_distribution.png, and the contamination

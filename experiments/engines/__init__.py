@@ -1,7 +1,10 @@
 """Engine adapters: the only place where SGLang and vLLM differ (flags, requests, metrics)."""
 from __future__ import annotations
 
-from experiments.engines.base import EngineAdapter
+from experiments.engines.base import EngineAdapter, RequestAcceptance
+from experiments.engines.limits import limits_mismatch
+
+__all__ = ["EngineAdapter", "RequestAcceptance", "adapter_for", "limits_mismatch"]
 
 
 def adapter_for(name: str) -> EngineAdapter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 TOPK = 5  # log-probabilities asked for at a greedy divergence (bf16 often ties three ways)
 
@@ -19,6 +19,7 @@ class Validation:
     ok: bool
     version: str
     error: str | None = None
+    limits: dict = field(default_factory=dict)   # effective limits the engine's own config resolved (vLLM)
 
 
 @dataclass
@@ -125,8 +126,68 @@ def merge_acceptance(parts: list[Acceptance]) -> Acceptance | None:
                       length_histogram=hist)
 
 
+SPEC_KNOBS = ("num_steps", "topk", "num_draft_tokens", "draft_model")   # + every key under spec.ngram
+NO_SPECULATION = "no speculation runs (spec.method=none)"
+
+
 class EngineAdapter(ABC):
     name: str
+    # cfg.limits key -> this engine's flag, pinned on every command line (baseline included)
+    LIMIT_FLAGS: dict[str, str] = {}
+    # spec.method -> the spec knobs (dotted, under spec.) that this adapter passes to the engine
+    USED_KNOBS: dict[str, frozenset[str]] = {}
+    # (spec.method, knob) -> why the engine does not use it
+    IGNORED_WHY: dict[tuple[str, str], str] = {}
+
+    def limit_args(self, cfg: DictConfig) -> list[str]:
+        """`cfg.limits` as this engine's flags, except a flag the site or engine.extra_args already give (that
+        choice is explicit, and the same for the baseline)."""
+        limits = cfg.get("limits") or {}
+        given = {a.split("=", 1)[0] for a in self._given_args(cfg)}
+        out: list[str] = []
+        for key, flag in self.LIMIT_FLAGS.items():
+            if limits.get(key) is not None and flag not in given:
+                out += [flag, str(limits[key])]
+        return out
+
+    def _given_args(self, cfg: DictConfig) -> list[str]:
+        return [str(a) for a in [*(cfg.site.engine_args.get(self.name) or []), *cfg.engine.extra_args]]
+
+    @abstractmethod
+    def effective_limits(self, base_url: str, validation: Validation) -> dict[str, float | str]:
+        """The limits the running server really uses (max running requests, batched tokens, context, ...)."""
+
+    def unused_knobs(self, cfg: DictConfig) -> list[str]:
+        """Dotted names of the non-null spec settings this engine, method and release will not use."""
+        return list(self.unused_knob_reasons(cfg))
+
+    def unused_knob_reasons(self, cfg: DictConfig) -> dict[str, str]:
+        """{dotted name: 'name=value: why'} for every non-null spec setting the engine would ignore."""
+        spec, out = cfg.spec, {}
+        knobs = [*SPEC_KNOBS, *(f"ngram.{k}" for k in (spec.get("ngram") or {}))]
+        for knob in knobs:
+            value = OmegaConf.select(spec, knob)
+            why = None if value is None else self.knob_ignored(cfg, knob, value)
+            if why:
+                out[f"spec.{knob}"] = f"spec.{knob}={value}: {why}"
+        budget = spec.get("moe_expert_budget")
+        if budget is not None and "moe_budget" not in _patches(cfg):
+            out["spec.moe_expert_budget"] = (f"spec.moe_expert_budget={budget}: only the moe_budget patch reads it "
+                                             "(option E, on SGLang)")
+        return out
+
+    def knob_ignored(self, cfg: DictConfig, knob: str, value: object) -> str | None:
+        """Why `spec.<knob>=value` is not used by this engine for `cfg.spec.method`, or None when it is."""
+        method = cfg.spec.method
+        if method == "none":
+            return NO_SPECULATION
+        if knob not in self.USED_KNOBS.get(method, frozenset()):
+            return self.IGNORED_WHY.get((method, knob), f"{self.name} is not given it for method {method}")
+        return self.value_ignored(cfg.spec, knob, value)
+
+    def value_ignored(self, spec: DictConfig, knob: str, value: object) -> str | None:
+        """A knob the engine takes, at a value it overrides by itself; None: used as given."""
+        return None
 
     @abstractmethod
     def model_args(self, cfg: DictConfig) -> list[str]: ...
@@ -180,3 +241,8 @@ class EngineAdapter(ABC):
         """Acceptance of one JSONL request record (client.RequestRecord as a dict); None for a failed
         request or one the engine reports nothing for. The numbers are returned whether or not the run
         speculates: the caller knows its spec.method (a baseline run gives one token per step)."""
+
+
+def _patches(cfg: DictConfig) -> list[str]:
+    from experiments.launch_spec import sglang_patches_for
+    return sglang_patches_for(cfg)

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 
 def parse_and_check(parser: argparse.ArgumentParser, argv: list[str],
-                    then: Callable[[argparse.Namespace], None], version: str) -> dict:
-    """{"ok", "version", "error"}: `error` is argparse's last line or the check's exception."""
+                    then: Callable[[argparse.Namespace], dict | None], version: str) -> dict:
+    """{"ok", "version", "error"[, "limits"]}: `error` is argparse's last line or the check's exception;
+    `limits` what the check returned (the engine's resolved limits), when it returned any."""
     result = {"ok": False, "version": version, "error": None}
     err = io.StringIO()
     try:
@@ -19,9 +20,11 @@ def parse_and_check(parser: argparse.ArgumentParser, argv: list[str],
         result["error"] = err.getvalue().strip().splitlines()[-1]
         return result
     try:
-        then(ns)
+        limits = then(ns)
     except Exception as exc:  # the engine's own message is the point
         result["error"] = f"{type(exc).__name__}: {exc}"
         return result
     result["ok"] = True
+    if limits:
+        result["limits"] = limits
     return result

@@ -4,6 +4,7 @@ from_cli_args, then SGLang's speculative-algorithm enum). Runs in the interprete
 Usage: <python> sglang_check.py <server args>   -> one JSON line {"ok", "version", "error"}
        <python> sglang_check.py --batch          -> a JSON list of argv lists on stdin, one JSON list out
        <python> sglang_check.py --list-flags     -> {"version", "flags": [every option string]}
+       <python> sglang_check.py --values K...    -> argv lists on stdin; per argv {K: value as SGLang parsed it}
 Imports only SGLang and parse_check (its sibling).
 """
 import argparse
@@ -78,6 +79,20 @@ def check(argv: list[str]) -> dict:
     return check_many([argv])[0]
 
 
+def parsed_values(argvs: list[list[str]], keys: list[str]) -> list[dict]:
+    """What SGLang's parser makes of each argv, for `keys`: the ServerArgs field where construction does not
+    resolve (0.5.23 on), else the parsed namespace (older releases resolve against the GPU at construction)."""
+    parser, _ = _server_args_parser()
+    from sglang.srt.server_args import ServerArgs
+
+    out = []
+    for argv in argvs:
+        ns = parser.parse_args(argv)
+        source = ServerArgs.from_cli_args(ns) if hasattr(ServerArgs, "resolve_once") else ns
+        out.append({k: getattr(source, k, None) for k in keys})
+    return out
+
+
 def list_flags() -> dict:
     parser, version = _server_args_parser()
     return {"version": version, "flags": sorted(s for a in parser._actions for s in a.option_strings)}
@@ -89,6 +104,8 @@ if __name__ == "__main__":
             out = check_many(json.load(sys.stdin))
         elif sys.argv[1:] == ["--list-flags"]:
             out = list_flags()
+        elif sys.argv[1:2] == ["--values"]:
+            out = parsed_values(json.load(sys.stdin), sys.argv[2:])
         else:
             out = check(sys.argv[1:])
     print(json.dumps(out))

@@ -20,13 +20,53 @@ from experiments.engines.base import (
     Validation,
     accepted_per_position,
 )
+from experiments.engines.limits import get_json, scalar
 from experiments.engines.sglang_versions import flags_for_version, installed_sglang
 
 CHECK_SCRIPT = Path(__file__).with_name("sglang_check.py")
 
 
+NGRAM_FLAGS = {"min_bfs_breadth": "--speculative-ngram-min-bfs-breadth",
+               "max_bfs_breadth": "--speculative-ngram-max-bfs-breadth",
+               "max_trie_depth": "--speculative-ngram-max-trie-depth"}
+NGRAM_WINDOW = ("SGLang's NGRAM drafter has no such setting (it matches suffixes through its trie, up to "
+                "spec.ngram.max_trie_depth tokens; the match-window flags of 0.5.6-0.5.9 are gone since 0.5.10 and "
+                "never passed); remove it or use engine=vllm")
+EAGLE_NO_NGRAM = "EAGLE-3 drafts with its head; n-gram settings are not passed"
+# Read in speculative_hook.py (_handle_ngram, _handle_eagle_family) of 0.5.14 and 0.5.23, and
+# server_args.py (_handle_speculative_decoding) of 0.5.6 and 0.5.9.
+SGLANG_IGNORED = {
+    ("ngram", "num_steps"): "SGLang's NGRAM derives its steps itself (draft tokens // tree breadth); the tokens "
+                            "verified per step are spec.num_draft_tokens",
+    ("ngram", "topk"): "SGLang's NGRAM sets its tree breadth to spec.ngram.max_bfs_breadth, overriding "
+                       "--speculative-eagle-topk",
+    ("ngram", "draft_model"): "n-gram drafts from the prompt and the output; no draft model is loaded",
+    ("ngram", "ngram.min_match"): NGRAM_WINDOW,
+    ("ngram", "ngram.max_match"): NGRAM_WINDOW,
+    **{("eagle3", f"ngram.{k}"): EAGLE_NO_NGRAM for k in ("min_match", "max_match", *NGRAM_FLAGS)},
+}
+
+
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
+    LIMIT_FLAGS = {"max_running_requests": "--max-running-requests"}
+    USED_KNOBS = {"ngram": frozenset({"num_draft_tokens", *(f"ngram.{k}" for k in NGRAM_FLAGS)}),
+                  "eagle3": frozenset({"draft_model", "num_steps", "topk", "num_draft_tokens"})}
+    IGNORED_WHY = SGLANG_IGNORED
+
+    def value_ignored(self, spec: DictConfig, knob: str, value: object) -> str | None:
+        """EAGLE with topk 1: SGLang verifies num_steps + 1 tokens whatever --speculative-num-draft-tokens says."""
+        if (spec.method, knob) == ("eagle3", "num_draft_tokens") and spec.topk == 1 and spec.num_steps is not None \
+                and int(value) != int(spec.num_steps) + 1:
+            return (f"with spec.topk=1 SGLang verifies spec.num_steps + 1 = {int(spec.num_steps) + 1} tokens per "
+                    "step whatever is passed; set spec.num_steps instead")
+        return None
+
+    def effective_limits(self, base_url: str, validation: Validation) -> dict[str, float | str]:
+        """From /server_info (0.5.14 on; /get_server_info before): the resolved server arguments, the
+        scheduler's info and its internal state (the scheduler's own max running requests and KV capacity)."""
+        info = get_json(f"{base_url}/server_info") or get_json(f"{base_url}/get_server_info") or {}
+        return server_info_limits(info)
 
     def model_args(self, cfg: DictConfig) -> list[str]:
         args = ["--model-path", str(cfg.model.path), "--served-model-name", cfg.model.name,
@@ -34,12 +74,13 @@ class SGLangAdapter(EngineAdapter):
         return args + (["--trust-remote-code"] if cfg.model.trust_remote_code else [])
 
     def ngram_args(self, spec: DictConfig) -> list[str]:
-        ng = spec.ngram
-        return ["--speculative-algorithm", "NGRAM",
-                "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
-                "--speculative-ngram-min-bfs-breadth", str(ng.min_bfs_breadth),
-                "--speculative-ngram-max-bfs-breadth", str(ng.max_bfs_breadth),
-                "--speculative-ngram-max-trie-depth", str(ng.max_trie_depth)]
+        """A null spec.ngram setting is left to SGLang's own default (0.5.14 / 0.5.23: min_bfs_breadth 1,
+        max_bfs_breadth 10, max_trie_depth 18; before 0.5.10 the trie depth was branch_length, also 18)."""
+        args = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+        for key, flag in NGRAM_FLAGS.items():
+            if spec.ngram.get(key) is not None:
+                args += [flag, str(spec.ngram[key])]
+        return args
 
     def eagle3_args(self, spec: DictConfig) -> list[str]:
         return ["--speculative-algorithm", "EAGLE3",
@@ -216,6 +257,32 @@ def _positions(parts: list[RequestAcceptance]) -> tuple[list[float], dict[int, f
     at_least = [steps, *counts, 0]
     hist = {n + 1: (at_least[n] - at_least[n + 1]) / steps for n in range(width + 1)}
     return [c / steps for c in counts], hist
+
+
+SERVER_INFO_LIMITS = ("max_running_requests", "max_total_num_tokens", "max_prefill_tokens", "chunked_prefill_size",
+                      "context_length", "max_req_input_len", "page_size", "schedule_policy", "enable_mixed_chunk",
+                      "disable_overlap_schedule", "disable_cuda_graph", "speculative_algorithm",
+                      "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+
+
+def server_info_limits(info: dict) -> dict[str, float | str]:
+    """The limits in a /server_info answer, whatever the release: flat server arguments and scheduler info,
+    the decode CUDA-graph batch ceiling (a JSON config from 0.5.14, a flag before), and the first DP rank's
+    internal state (effective_max_running_requests_per_dp, memory_usage.token_capacity)."""
+    out = {k: scalar(info[k]) for k in SERVER_INFO_LIMITS if scalar(info.get(k)) is not None}
+    graphs = (info.get("cuda_graph_config") or {}).get("decode") if isinstance(info.get("cuda_graph_config"), dict) \
+        else None
+    max_bs = (graphs or {}).get("max_bs") or info.get("cuda_graph_max_bs_decode") or info.get("cuda_graph_max_bs")
+    if scalar(max_bs) is not None:
+        out["cuda_graph_max_bs"] = scalar(max_bs)
+    states = info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    if scalar(state.get("effective_max_running_requests_per_dp")) is not None:
+        out["effective_max_running_requests"] = scalar(state["effective_max_running_requests_per_dp"])
+    capacity = (state.get("memory_usage") or {}).get("token_capacity")
+    if scalar(capacity) is not None:
+        out["token_capacity"] = scalar(capacity)
+    return out
 
 
 _NULL = re.compile(rb"\s*:\s*null\b")     # after "finish_reason": the request is still running

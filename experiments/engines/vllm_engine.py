@@ -19,6 +19,7 @@ from experiments.engines.base import (
     acceptance_from_positions,
     accepted_per_position,
 )
+from experiments.engines.limits import get_json, scalar
 
 CHECK_SCRIPT = Path(__file__).with_name("vllm_check.py")
 SPEC_COUNTERS = {
@@ -29,21 +30,66 @@ SPEC_COUNTERS = {
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
+NGRAM_KEYS = {"min_match": "prompt_lookup_min", "max_match": "prompt_lookup_max"}
+TRIE_ONLY = ("SGLang's NGRAM trie setting; vLLM's prompt lookup has none (its window is "
+             "spec.ngram.min_match..max_match); remove it or use engine=sglang")
+EAGLE_NO_NGRAM = "EAGLE-3 drafts with its head; n-gram settings are not passed"
+# Read in vLLM 0.32's config/speculative.py (SpeculativeConfig) and this adapter's speculative config.
+VLLM_IGNORED = {
+    ("ngram", "num_steps"): "vLLM's prompt lookup drafts spec.num_draft_tokens tokens in one step",
+    ("ngram", "topk"): "vLLM's prompt lookup proposes one chain, no tree",
+    ("ngram", "draft_model"): "n-gram drafts from the prompt and the output; no draft model is loaded",
+    **{("ngram", f"ngram.{k}"): TRIE_ONLY for k in ("min_bfs_breadth", "max_bfs_breadth", "max_trie_depth")},
+    **{("eagle3", f"ngram.{k}"): EAGLE_NO_NGRAM
+       for k in ("min_match", "max_match", "min_bfs_breadth", "max_bfs_breadth", "max_trie_depth")},
+}
+# vLLM 0.32 (config/observability.py): per-request acceptance in the response's metrics.speculative_decoding,
+# refused by vLLM without speculation, so only speculative command lines carry it.
+PER_REQUEST_METRICS = ("--per-request-spec-decode-metrics", "summary")
+
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
+    LIMIT_FLAGS = {"max_running_requests": "--max-num-seqs"}
+    USED_KNOBS = {"ngram": frozenset({"num_draft_tokens", *(f"ngram.{k}" for k in NGRAM_KEYS)}),
+                  "eagle3": frozenset({"draft_model", "num_steps", "topk", "num_draft_tokens"})}
+    IGNORED_WHY = VLLM_IGNORED
+
+    def value_ignored(self, spec: DictConfig, knob: str, value: object) -> str | None:
+        """vLLM's EAGLE-3 as configured here is a chain of spec.num_steps drafts, verified as num_steps + 1."""
+        if spec.method != "eagle3" or spec.num_steps is None:
+            return None
+        if knob == "topk" and int(value) != 1:
+            return ("the workspace runs vLLM's EAGLE-3 as a chain of spec.num_steps drafts (no tree; vLLM takes a "
+                    "tree only through speculative_token_tree); use topk=1 or engine=sglang")
+        if knob == "num_draft_tokens" and int(value) != int(spec.num_steps) + 1:
+            return (f"vLLM verifies num_speculative_tokens + 1 = spec.num_steps + 1 = {int(spec.num_steps) + 1} "
+                    "tokens per step; set spec.num_steps instead")
+        return None
+
+    def effective_limits(self, base_url: str, validation: Validation) -> dict[str, float | str]:
+        """vLLM serves no config endpoint: the limits its engine config resolved when the command line was
+        validated (create_engine_config(), run where the model folder is here), else the served max_model_len."""
+        if validation.limits:
+            return {k: scalar(v) for k, v in validation.limits.items() if scalar(v) is not None}
+        models = (get_json(f"{base_url}/v1/models") or {}).get("data") or [{}]
+        return {"max_model_len": float(models[0]["max_model_len"])} if models[0].get("max_model_len") else {}
 
     def model_args(self, cfg: DictConfig) -> list[str]:
         args = ["--model", str(cfg.model.path), "--served-model-name", cfg.model.name]
         return args + (["--trust-remote-code"] if cfg.model.trust_remote_code else [])
 
     def ngram_args(self, spec: DictConfig) -> list[str]:
-        conf = {"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens,
-                "prompt_lookup_min": spec.ngram.min_match, "prompt_lookup_max": spec.ngram.max_match}
-        return ["--speculative-config", json.dumps(conf)]
+        """A null spec.ngram.min_match / max_match is left to vLLM's own default (0.32, SpeculativeConfig:
+        both null -> 5 and 5; one null -> the other's value)."""
+        conf = {"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens}
+        for key, name in NGRAM_KEYS.items():
+            if spec.ngram.get(key) is not None:
+                conf[name] = spec.ngram[key]
+        return ["--speculative-config", json.dumps(conf), *PER_REQUEST_METRICS]
 
     def eagle3_args(self, spec: DictConfig) -> list[str]:
         conf = {"method": "eagle3", "model": str(spec.draft_model), "num_speculative_tokens": spec.num_steps}
-        return ["--speculative-config", json.dumps(conf)]
+        return ["--speculative-config", json.dumps(conf), *PER_REQUEST_METRICS]
 
     def validate(self, python: str, args: list[str]) -> Validation:
         """vLLM's serve parser; plus create_engine_config() when the model folder is here to read
@@ -56,17 +102,19 @@ class VLLMAdapter(EngineAdapter):
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
             return Validation(False, "unknown", f"vLLM parser could not run with {python}:\n{tail}")
         out = json.loads(lines[-1])
-        return Validation(out["ok"], out["version"], out["error"])
+        return Validation(out["ok"], out["version"], out["error"], limits=out.get("limits") or {})
 
     def stream_request(self, prompt_ids, max_tokens, temperature, model, seed=None):
         body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
-                "stream": True, "return_token_ids": True, "ignore_eos": False}
+                "stream": True, "return_token_ids": True, "ignore_eos": False,
+                "stream_options": {"include_usage": True}}   # the final usage chunk carries per-request metrics
         return "/v1/completions", body | ({"seed": seed} if seed is not None else {})
 
     def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta:
         choices = event.get("choices") or []
-        if not choices:
-            return StreamDelta()
+        if not choices:   # the usage chunk after the last token: a speculative server's per-request metrics
+            spec = (event.get("metrics") or {}).get("speculative_decoding")
+            return StreamDelta(meta=spec if isinstance(spec, dict) else None)
         choice = choices[0]
         return StreamDelta(token_ids=list(choice.get("token_ids") or []), text=choice.get("text") or "",
                            finished=choice.get("finish_reason") is not None)
@@ -110,11 +158,14 @@ class VLLMAdapter(EngineAdapter):
                                          int(delta("accepted")), per_pos)
 
     def request_acceptance(self, record: dict) -> RequestAcceptance | None:
-        """From the streamed chunks: vLLM's counters are per server, not per request. Every chunk is one
-        engine step of the request and a chunk of n tokens accepted n - 1 drafts, in order. Steps that carried
-        no draft (the prefill's first token; n-gram found no match) count as steps accepting nothing, so
-        accept_length is a lower bound of vLLM's own (which counts only steps with a draft), and `proposed`
-        is unknown (None). Chunks merged by a client slower than the engine would raise it again."""
+        """vLLM's own per-request numbers when the server sent them (`record["meta"]`, see spec_meta_acceptance),
+        else from the streamed chunks (a baseline, or records written before): every chunk is one engine step of
+        the request and a chunk of n tokens accepted n - 1 drafts, in order. Steps that carried no draft (the
+        prefill's first token; n-gram found no match) then count as steps accepting nothing, so that
+        accept_length is a lower bound of vLLM's own (which counts only steps with a draft), and `proposed` is
+        unknown (None). Chunks merged by a client slower than the engine would raise it again."""
+        if not record.get("error") and (record.get("meta") or {}).get("acceptance_histogram") is not None:
+            return spec_meta_acceptance(record["meta"])
         chunks = [int(n) for n in record.get("chunk_tokens") or [] if int(n) > 0]
         if record.get("error") or not chunks:
             return None
@@ -123,6 +174,18 @@ class VLLMAdapter(EngineAdapter):
             by_accepted[n - 1] += 1
         return RequestAcceptance(steps=len(chunks), emitted=sum(chunks), proposed=None,
                                  accepted_per_position=accepted_per_position(by_accepted))
+
+
+def spec_meta_acceptance(meta: dict) -> RequestAcceptance:
+    """vLLM 0.32's metrics.speculative_decoding (entrypoints/generate/base/protocol.py SpeculativeDecodingMetrics,
+    filled by v1/metrics/stats.py RequestSpecDecodeMetrics, observed by the scheduler for steps that carried a
+    draft): acceptance_histogram[j] = such steps that accepted j drafts; steps = those steps, emitted = their
+    tokens (bonus included), so accept_length = vLLM's mean_acceptance_length."""
+    hist = [int(c) for c in meta["acceptance_histogram"]]
+    steps, accepted = sum(hist), sum(j * c for j, c in enumerate(hist))
+    return RequestAcceptance(steps=steps, emitted=steps + accepted, proposed=int(meta.get("num_draft_tokens") or 0),
+                             accepted_per_position=accepted_per_position(dict(enumerate(hist))),
+                             correct_drafts=accepted)
 
 
 def model_config_present(args: list[str]) -> bool:

@@ -122,7 +122,7 @@ def _revisits(rows: list[tuple[dict, float]], check: ContaminationCheck) -> None
     check.revisit_diff_low, check.revisit_diff_high = _interval_of_mean(diff)
     check.revisit_rise = float(al.mean() / a1.mean() - 1.0)
     if check.revisit_diff_low > 0 and check.revisit_rise > RISE:
-        check.reasons.append(f"later visits accept {check.revisit_rise:+.0%} more than first visits "
+        check.reasons.append(f"later visits accept {check.revisit_rise:.0%} more than first visits "
                              f"({check.first_visit_accept:.2f} -> {check.later_visit_accept:.2f}; paired "
                              f"difference [{check.revisit_diff_low:.2f}, {check.revisit_diff_high:.2f}] "
                              f"over {len(both)} prompts)")
@@ -137,17 +137,17 @@ def _order(rows: list[tuple[dict, float]], check: ContaminationCheck) -> None:
     levels = [np.array(sorted(v))[:, 1:] for v in by_level.values() if len(v) >= MIN_LEVEL]
     if not levels:
         return
-    fits = [stats.spearmanr(np.arange(len(lv)), lv[:, 1], alternative="greater") for lv in levels]
-    n = np.array([len(lv) for lv in levels], dtype=float)
+    check.order_n = sum(len(lv) for lv in levels)
+    varying = [lv for lv in levels if np.ptp(lv[:, 1]) > 0]   # constant acceptance has no rank correlation
+    if not varying:
+        return
+    fits = [stats.spearmanr(np.arange(len(lv)), lv[:, 1], alternative="greater") for lv in varying]
+    n = np.array([len(lv) for lv in varying], dtype=float)
     rho = np.array([f.statistic for f in fits], dtype=float)
     p = np.array([f.pvalue for f in fits], dtype=float)
-    ok = np.isfinite(rho) & np.isfinite(p)       # a level of constant acceptance has no rank correlation
-    check.order_n = int(n.sum())
-    if not ok.any():
-        return
-    check.order_rho = float(np.average(rho[ok], weights=n[ok]))
-    check.order_p = float(p[ok][0] if ok.sum() == 1 else
-                          stats.combine_pvalues(p[ok], method="stouffer", weights=np.sqrt(n[ok])).pvalue)
+    check.order_rho = float(np.average(rho, weights=n))
+    check.order_p = float(p[0] if len(p) == 1 else
+                          stats.combine_pvalues(p, method="stouffer", weights=np.sqrt(n)).pvalue)
     thirds = [(lv[: len(lv) // 3, 1], lv[-(len(lv) // 3):, 1]) for lv in levels]
     head, tail = np.concatenate([h for h, _ in thirds]), np.concatenate([t for _, t in thirds])
     check.order_rise = float(tail.mean() / head.mean() - 1.0)

@@ -12,7 +12,7 @@ from conftest import SMOLLM2
 
 from experiments.harness.workloads.formats import Conversation, WorkloadError, load_file
 from experiments.harness.workloads.loader import load_workload, prompt_set_digest, prompt_set_files
-from experiments.harness.workloads.render import fit_to_context, render_turn
+from experiments.harness.workloads.render import budgets, fit_to_context, render_turn
 from experiments.harness.workloads.sampling import plan_visits
 from experiments.harness.workloads.sharegpt import sample_sharegpt, sharegpt_path
 
@@ -150,28 +150,35 @@ def test_max_turns_keeps_the_first_user_turns(tmp_path: Path) -> None:
 
 # --- loader ----------------------------------------------------------------------------------------------------
 
-def test_mixed_builtin_sets() -> None:
-    chat, mixed = load_workload("chat"), load_workload("chat,math,reasoning")
-    sizes = Counter(c.category for c in mixed)
-    assert set(sizes) == {"chat", "math", "reasoning"} and sizes["chat"] == len(chat)
-    assert "math/percent" in {c.id for c in mixed} and "reasoning/percent" in {c.id for c in mixed}
-    assert prompt_set_digest(mixed) == prompt_set_digest(list(reversed(load_workload("chat,math,reasoning"))))
+def test_mixed_sets(tmp_path: Path) -> None:
+    chat, mixed = load_workload("chat"), load_workload("chat,math")
+    assert len(mixed) == len(chat) + len(load_workload("math"))
+    assert {c.id.split("/", 1)[0] for c in mixed} == {"chat", "math"}
+    assert prompt_set_digest(mixed) == prompt_set_digest(list(reversed(load_workload("chat,math"))))
     assert prompt_set_digest(mixed) != prompt_set_digest(chat)
     assert [p.stem for p in prompt_set_files("chat,math")] == ["chat", "math"]
+    a, b = write(tmp_path / "a.jsonl", PROMPTS), write(tmp_path / "b.json", PROMPTS, array=True)
+    both = load_workload(f"{a},{b}")  # the same ids in two sets: each keeps its set's name
+    assert {c.id for c in both} >= {"a/p1", "b/p1"} and {c.category for c in both} == {"a", "b"}
     with pytest.raises(WorkloadError, match="not a built-in set"):
         load_workload("chat,nosuchset")
+    with pytest.raises(WorkloadError, match="names a set twice"):
+        load_workload("chat,chat")
 
 
 def test_num_prompts_is_a_seeded_stratified_sample(tmp_path: Path) -> None:
-    a = load_workload("chat,code,math", num_prompts=6, seed=3)
-    assert Counter(c.category for c in a) == {"chat": 2, "code": 2, "math": 2}
-    assert [c.id for c in a] == [c.id for c in load_workload("chat,code,math", num_prompts=6, seed=3)]
-    assert {c.id for c in a} != {c.id for c in load_workload("chat,code,math", num_prompts=6, seed=4)}
+    rows = [{"id": f"r{i}", "category": "abcc"[i % 4], "prompt": f"text {i}"} for i in range(40)]
+    path = write(tmp_path / "mine.jsonl", rows)
+    a = load_workload(str(path), num_prompts=8, seed=3)
+    assert Counter(c.category for c in a) == {"a": 2, "b": 2, "c": 4}
+    assert [c.id for c in a] == [c.id for c in load_workload(str(path), num_prompts=8, seed=3)]
+    assert {c.id for c in a} != {c.id for c in load_workload(str(path), num_prompts=8, seed=4)}
+    assert len(load_workload("chat,code", num_prompts=6, seed=0)) == 6
     with pytest.raises(WorkloadError, match="num_prompts=99"):
-        load_workload("chat", num_prompts=99)
-    path = write(tmp_path / "mine.json", SPECBENCH, array=True)
-    assert [c.id for c in load_workload(str(path))] == ["81", "82"]
-    assert prompt_set_files(str(path)) == [path]
+        load_workload(str(path), num_prompts=99)
+    array = write(tmp_path / "mine.json", SPECBENCH, array=True)
+    assert [c.id for c in load_workload(str(array))] == ["81", "82"]
+    assert prompt_set_files(str(array)) == [array]
 
 
 # --- ShareGPT --------------------------------------------------------------------------------------------------
@@ -210,6 +217,7 @@ def test_multi_turn_rendering_includes_the_previous_answer(tmp_path: Path, tok) 
     assert second.index("Be brief.") < second.index("Hi there") < second.index("A PENGUIN WALKS IN") \
         < second.index("Tell me a joke")
     assert "Hello!" not in second  # the dataset's own answers are never replayed
+    assert budgets(tok, [(conv, 2), (conv, 1)], 10) == [len(render_turn(tok, conv, 1, [""])) + 20, len(first) + 10]
     with pytest.raises(ValueError, match="previous answer"):
         render_turn(tok, conv, 1, [])
     raw = load_file(write(tmp_path / "raw.jsonl", PROMPTS))[0]
@@ -260,8 +268,8 @@ def test_reuse_and_num_prompts() -> None:
 
 
 def test_plan_refuses_when_too_small() -> None:
-    with pytest.raises(WorkloadError, match=r"concurrency 4, repetition 0 gets 3.*need at least 50 prompts \(2 \+ 3 x 2 x 8\).*"
-                                            r"has 20.*reuse_prompts=true"):
+    with pytest.raises(WorkloadError, match=r"concurrency 4, repetition 0 gets 3.*need at least 50 prompts "
+                                            r"\(2 \+ 3 x 2 x 8\).*has 20.*reuse_prompts=true"):
         plan_visits(convs_of(20), [1, 4, 8], 2, 2, seed=0)
     with pytest.raises(WorkloadError, match="leaves nothing to measure"):
         plan_visits(convs_of(3), [1], 1, 3, seed=0)

@@ -60,7 +60,7 @@ class Conversation:
 class Row:
     value: object
     source: str  # "file:line"
-    where: str   # for messages: "file:line" or "file:line (element i)"
+    where: str   # for error messages: "file:line", or "file:line (element i)" in a JSON array
 
 
 def refuse(what: str, problems: list[str]) -> WorkloadError:

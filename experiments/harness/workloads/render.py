@@ -34,11 +34,34 @@ def render_turn(tokenizer, conv: Conversation, turn: int, answers: list[str]) ->
     return [int(i) for i in ids]
 
 
-def conversation_budget(tokenizer, conv: Conversation, turns: int, max_tokens: int) -> int:
-    """Tokens the first `turns` turns can need: the last request with empty answers, plus max_tokens for
-    each answer (the earlier ones are part of the last request, the last one is generated)."""
-    last = turns - 1
-    return len(render_turn(tokenizer, conv, last, [""] * last)) + turns * max_tokens
+def budgets(tokenizer, items: list[tuple[Conversation, int]], max_tokens: int) -> list[int]:
+    """Per (conversation, turns): the tokens its first `turns` turns can need: the last request with empty
+    answers plus max_tokens for each answer (the earlier ones sit in the last request, the last is generated).
+    One batched tokenizer call: apply_chat_template(tokenize=True) is the rendered text tokenized without
+    special tokens, so the counts are render_turn's."""
+    chat = [i for i, (c, _) in enumerate(items) if c.raw_prompt is None]
+    texts = [tokenizer.apply_chat_template(turn_messages(c, t - 1, [""] * (t - 1)), add_generation_prompt=True,
+                                           tokenize=False) for c, t in (items[i] for i in chat)]
+    raw = [i for i, (c, _) in enumerate(items) if c.raw_prompt is not None]
+    lengths = [0] * len(items)
+    if chat:
+        for i, ids in zip(chat, tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True):
+            lengths[i] = len(ids)
+    if raw:
+        for i, ids in zip(raw, tokenizer([items[i][0].raw_prompt for i in raw])["input_ids"], strict=True):
+            lengths[i] = len(ids)
+    return [n + t * max_tokens for n, (_, t) in zip(lengths, items, strict=True)]
+
+
+def fitting_turns(tokenizer, convs: list[Conversation], max_model_len: int, max_tokens: int) -> list[int]:
+    """How many leading turns of each conversation fit (0: not even the first)."""
+    full = budgets(tokenizer, [(c, c.num_turns) for c in convs], max_tokens)
+    out = [c.num_turns if b <= max_model_len else 0 for c, b in zip(convs, full, strict=True)]
+    shorter = [(i, t) for i, c in enumerate(convs) if not out[i] for t in range(1, c.num_turns)]
+    for (i, t), b in zip(shorter, budgets(tokenizer, [(convs[i], t) for i, t in shorter], max_tokens), strict=True):
+        if b <= max_model_len:
+            out[i] = max(out[i], t)
+    return out
 
 
 def fit_to_context(convs: list[Conversation], tokenizer, max_model_len: int, max_tokens: int, cut: bool,
@@ -47,8 +70,7 @@ def fit_to_context(convs: list[Conversation], tokenizer, max_model_len: int, max
     them. cut=True (ShareGPT): drop later turns until the conversation fits, skip one whose first turn does
     not. `counts`, when given, receives kept / turns_dropped / skipped."""
     kept, problems, dropped, skipped = [], [], 0, 0
-    for conv in convs:
-        turns = fitting_turns(tokenizer, conv, max_model_len, max_tokens)
+    for conv, turns in zip(convs, fitting_turns(tokenizer, convs, max_model_len, max_tokens), strict=True):
         if turns == conv.num_turns:
             kept.append(conv)
         elif not cut:
@@ -71,20 +93,12 @@ def fit_to_context(convs: list[Conversation], tokenizer, max_model_len: int, max
     return kept
 
 
-def fitting_turns(tokenizer, conv: Conversation, max_model_len: int, max_tokens: int) -> int:
-    """How many leading turns fit (0: not even the first)."""
-    for turns in range(conv.num_turns, 0, -1):
-        if conversation_budget(tokenizer, conv, turns, max_tokens) <= max_model_len:
-            return turns
-    return 0
-
-
 def _too_long(tokenizer, conv: Conversation, turns: int, max_model_len: int, max_tokens: int) -> str:
     first = len(render_turn(tokenizer, conv, 0, []))
     if turns == 0:
         return (f"{conv.source} ({conv.id}): the first request is {first} tokens + max_tokens {max_tokens} > "
                 f"max_model_len {max_model_len}; shorten the prompt, lower max_tokens or raise the context")
-    need = conversation_budget(tokenizer, conv, conv.num_turns, max_tokens)
+    need = budgets(tokenizer, [(conv, conv.num_turns)], max_tokens)[0]
     return (f"{conv.source} ({conv.id}): {conv.num_turns} turns need up to {need} tokens (answers at max_tokens "
             f"{max_tokens}) > max_model_len {max_model_len}; only {turns} fit: set workload.max_turns={turns}, "
             "lower max_tokens or raise the context")

@@ -1,0 +1,74 @@
+"""The decision report as one self-contained HTML page; every label that came from a run is escaped."""
+from __future__ import annotations
+
+import base64
+from html import escape
+from typing import Any
+
+STYLE = ("body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px 8px}"
+         "table{border-collapse:collapse}.bad{color:#b00}")
+
+
+def _num(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None or value != value else fmt.format(value)
+
+
+def _cells(*values: Any) -> str:
+    return "".join(f"<td>{escape(str(v))}</td>" for v in values)
+
+
+def _point_rows(series: list) -> str:
+    rows = []
+    for s in series:
+        flag = "contaminated" if s.contaminated else "clean" if s.contamination else "-"
+        for c, p in sorted(s.points.items()):
+            rows.append(f"<tr>{_cells(s.label, s.workload, c)}<td><b>{_num(p.speedup, '{:.2f}x')}</b></td>"
+                        f"{_cells(f'[{_num(p.low)}, {_num(p.high)}]', p.ci, _num(p.logged, '{:.2f}x'))}"
+                        f"{_cells(p.to_decide if p.to_decide is not None else '-', _num(p.predicted, '{:.2f}x'))}"
+                        f"<td class=\"{'bad' if s.contaminated else ''}\">{escape(flag)}</td></tr>")
+    return "".join(rows)
+
+
+def _category_rows(series: list) -> str:
+    rows = []
+    for s in series:
+        verdict_of = "contaminated — not a verdict" if s.contaminated else None
+        for r in s.categories:
+            rows.append("<tr>" + _cells(
+                s.label, s.workload, r["concurrency"], r["category"], r["n_prompts"],
+                _num(r["speedup"], "{:.2f}x"), f"[{_num(r['speedup_low'])}, {_num(r['speedup_high'])}]",
+                verdict_of or r["verdict"], r["prompts_to_decide"] if r["prompts_to_decide"] is not None else "-",
+                _num(r["accept_length"]),
+                " / ".join(f"{p:.2f}" for p in r["accept_per_position"][:8]) or "-") + "</tr>")
+    return "".join(rows)
+
+
+def _contamination_rows(series: list) -> str:
+    return "".join(f"<tr>{_cells(s.label, s.workload, run, tag)}</tr>"
+                   for s in series for run, tag in sorted(s.contamination.items()))
+
+
+def page(series: list, png: bytes, title: str) -> str:
+    """`series`: report.OptionSeries (label, workload, points, categories, contamination, verdict())."""
+    verdicts = "".join(f"<li><b>{escape(s.label)}</b> on {escape(s.workload)}: {escape(s.verdict())}</li>"
+                       for s in series)
+    img = base64.b64encode(png).decode()
+    head = ("<tr><th>option</th><th>workload</th><th>concurrency</th><th>speedup</th><th>95 % CI</th>"
+            "<th>interval from</th><th>run metric</th><th>prompts to decide</th><th>model</th>"
+            "<th>contamination</th></tr>")
+    cat_head = ("<tr><th>option</th><th>workload</th><th>concurrency</th><th>category</th><th>prompts</th>"
+                "<th>speedup</th><th>95 % CI</th><th>verdict</th><th>prompts to decide</th><th>accept length</th>"
+                "<th>P(position accepted)</th></tr>")
+    t = escape(title)
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{t}</title><style>{STYLE}</style></head>
+<body><h1>{t}</h1><h2>Verdict</h2><ul>{verdicts}</ul><img src="data:image/png;base64,{img}" style="max-width:100%">
+<h2>Measurements</h2><table>{head}{_point_rows(series)}</table>
+<p>Speedup: (Σ output tokens / Σ request seconds) of the option over the baseline's, on the prompts both served;
+interval: paired bootstrap over those prompts. Run metric: the runs' logged wall-clock tok/s ratio.
+Pays: the interval lies above 1; does not pay: below 1; inconclusive: it straddles 1 (prompts to decide: about
+how many prompts would settle it if the estimate held).</p>
+<h2>Per category</h2><table>{cat_head}{_category_rows(series)}</table>
+<h2>Contamination (acceptance that depends on what the engine served before)</h2>
+<table><tr><th>option</th><th>workload</th><th>run</th><th>check</th></tr>{_contamination_rows(series)}</table>
+<p>A configuration with a flagged run gets no verdict: its acceptance measured the engine's memory of earlier
+requests (a prompt sent again, or a cache filling up within a level), not the drafter.</p></body></html>"""
