@@ -34,8 +34,8 @@ import numpy as np
 from experiments.client import RequestSettings, WorkloadRunner, fixed_prompts, load_records
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
-from experiments.paths import cache_dir
 from experiments.harness.workloads.sampling import plan_visits
+from experiments.paths import cache_dir
 from experiments.server import VisitLog
 
 SERVER = Path(__file__).with_name("loopback_server.py")

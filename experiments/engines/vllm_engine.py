@@ -47,6 +47,7 @@ VLLM_IGNORED = {
 # refused by vLLM without speculation, so only speculative command lines carry it.
 PER_REQUEST_METRICS = ("--per-request-spec-decode-metrics", "summary")
 
+
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
     LIMIT_FLAGS = {"max_running_requests": "--max-num-seqs"}
