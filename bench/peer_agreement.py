@@ -342,13 +342,13 @@ def versions() -> dict:
     return {"vllm_venv": vllm_side, "workspace_venv": ws, "git_commit": commit}
 
 
-def machine() -> dict:
+def machine(load_start: tuple[float, float, float]) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemTotal")), "0")
     return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(int(mem) / 2 ** 20, 1),
-            "kernel": platform.release(), "load_avg_start": os.getloadavg()}
+            "kernel": platform.release(), "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
 
 
 def markdown_table(results: list[dict]) -> str:
@@ -378,7 +378,7 @@ def main() -> int:
     print(f"{len(prompts)} prompts ({', '.join(PROMPT_SET_NAMES)}), max_tokens {args.max_tokens}, greedy, "
           f"concurrency {args.concurrency}, {args.pairs} pairs, {'compile' if args.compile else 'eager'}",
           flush=True)
-    started = datetime.datetime.now(datetime.UTC)
+    started, load_start = datetime.datetime.now(datetime.UTC), os.getloadavg()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for config in args.configs:
@@ -390,7 +390,7 @@ def main() -> int:
                         "ignore_eos": False, "concurrency": args.concurrency, "pairs": args.pairs,
                         "order": "per concurrency: ours, peer, ours, peer, ...", "compile": args.compile,
                         "ngram": NGRAM, "model": str(MODEL_DIR.name)},
-           "versions": versions(), "machine": machine() | {"load_avg_end": os.getloadavg()}, "results": results}
+           "versions": versions(), "machine": machine(load_start), "results": results}
     print("\n" + markdown_table(results))
     for r in results:
         for ckey, a in r["agreement"].items():
