@@ -161,8 +161,8 @@ def log_prompt_dataset(client, run_id: str, name: str, source: str, rows: list[d
     with warnings.catch_warnings():   # MLflow's notes on ambiguous local sources and integer columns
         warnings.simplefilter("ignore")
         dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=source, name=name, digest=digest[:36])
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
-                                                     tags=[InputTag("mlflow.data.context", "measured")])])
+        entity = dataset._to_mlflow_entity()
+    client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "measured")])])
 
 
 def run_records(client, run_id: str) -> list[dict] | None:
