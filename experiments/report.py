@@ -97,8 +97,9 @@ class OptionSeries:
 def config_key(run) -> tuple[str, str]:
     p, t = run.data.params, run.data.tags
     method = p.get("spec.method", "none")
-    detail = {"ngram": f"k={p.get('spec.num_draft_tokens')} match {p.get('spec.ngram.min_match')}-"
-                       f"{p.get('spec.ngram.max_match')}",
+    window = (p.get("spec.ngram.min_match"), p.get("spec.ngram.max_match"))
+    match = f" match {window[0]}-{window[1]}" if None not in window and "None" not in window else ""
+    detail = {"ngram": f"k={p.get('spec.num_draft_tokens')}{match}",
               "eagle3": f"steps={p.get('spec.num_steps')} topk={p.get('spec.topk')}"}.get(method, "")
     return f"{t.get('specws.option')} {method} {detail}".strip(), t.get("specws.workload", "?")
 

@@ -37,7 +37,10 @@ def level_metrics(level: LevelResult) -> dict[str, float]:
          "output_tok_s": out_tokens / level.wall_s if level.wall_s > 0 else 0.0,
          "request_s": len(ok) / level.wall_s if level.wall_s > 0 else 0.0}
     m.update(_pct("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]))
-    m.update(_pct("itl", [x for r in ok for x in r.itl_s]))
+    m.update(_pct("itl", [x for r in ok for x in r.itl_s]))   # per streamed chunk, as vllm bench serve
+    # per token: each chunk's gap spread over the tokens it carried (sglang.bench_serving's native ITL)
+    m.update(_pct("itl_token", [gap / n for r in ok for gap, n in zip(r.itl_s, r.chunk_tokens[1:], strict=False)
+                                for _ in range(n)]))
     m.update(_pct("tpot", [(r.e2e_s - r.ttft_s) / (len(r.output_token_ids) - 1)
                            for r in ok if r.ttft_s is not None and len(r.output_token_ids) > 1]))
     m.update(_pct("e2e", [r.e2e_s for r in ok]))

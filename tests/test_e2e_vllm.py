@@ -52,8 +52,11 @@ def sweep(tmp_path_factory, embedded_ready):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
+        # reuse_prompts: the second output length sends the same prompts again, to the same servers; without it
+        # a server that has served a run's prompts is replaced by a fresh one (test_user_workloads)
         out = run_workspace("-m", "+option=A", "workload=smoke", "spec.num_draft_tokens=2,4",
-                            "workload.max_tokens=24,32", f"server.port={taken}", *store_args(tmp),
+                            "workload.max_tokens=24,32", "workload.reuse_prompts=true", f"server.port={taken}",
+                            *store_args(tmp),
                             f"hydra.sweep.dir={tmp / 'sweep'}")
     return out, tmp, taken
 
