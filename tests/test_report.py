@@ -99,7 +99,8 @@ def test_labels_are_escaped() -> None:
 def test_report_on_measured_runs(tmp_path: Path, embedded_ready) -> None:
     """Baseline + option A measured by `experiments.run` on the smoke workload, then the report."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_workspace("+option=A", "workload=smoke", "workload.concurrency=[1,2]", f"tracking.uri={store}",
+    out = run_workspace("+option=A", "workload=smoke", "workload.concurrency=[1,2]", "workload.num_prompts=6",
+                        f"tracking.uri={store}",
                         f"tracking.artifact_root={tmp_path / 'artifacts'}",
                         'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]')
     assert out.returncode == 0, out.stderr[-4000:]
