@@ -158,7 +158,7 @@ def run_workspace_client(server: LoopbackProcess, protocol: str, n: int, tokens:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.jsonl"
         runner = WorkloadRunner(server, adapter, "loopback", RequestSettings(tokens, 0.0, 0, 120), render, path)
-        (level,) = runner.run(plan, [conc], 1)
+        (level,) = runner.run(plan)
         records = load_records(path)
     sent = {v["prompt"]: v["times"] for v in server.sent().values()}
     pairs = []

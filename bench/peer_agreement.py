@@ -166,7 +166,7 @@ def run_ours(server: Server, prompts: list[Prompt], concurrency: int, max_tokens
     runner = WorkloadRunner(server, VLLMAdapter(), SERVED, RequestSettings(max_tokens, 0.0, 0, 600.0), render,
                             records_path)
     plan = VisitPlan(warmup=[], level_warmup={}, measured={(concurrency, 0): convs}, levels=[concurrency])
-    (level,) = runner.run(plan, [concurrency], 1)
+    (level,) = runner.run(plan)
     return level_metrics(level), level.records
 
 

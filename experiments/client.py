@@ -81,7 +81,6 @@ class LevelResult:
     records: list[RequestRecord]
     metrics_before: dict | None
     metrics_after: dict | None
-    repetition: int = 0
 
 
 class WorkloadRunner:
@@ -94,28 +93,30 @@ class WorkloadRunner:
         self.server, self.adapter, self.model, self.settings = server, adapter, model, settings
         self.render, self.records_path = render, records_path
 
-    def run(self, plan: VisitPlan, levels: list[int], repetitions: int) -> list[LevelResult]:
-        return asyncio.run(self._run(plan, levels, repetitions))
+    def run(self, plan: VisitPlan) -> list[LevelResult]:
+        """One result per (level, repetition) slice, in the plan's order."""
+        return asyncio.run(self._run(plan))
 
-    async def _run(self, plan: VisitPlan, levels: list[int], repetitions: int) -> list[LevelResult]:
+    async def _run(self, plan: VisitPlan) -> list[LevelResult]:
         # aiohttp, not httpx: its line reader sustains several times the streamed-token rate at a fraction
         # of the CPU (bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
         t = self.settings.timeout_s
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)
         async with aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
                                          json_serialize=dump_json,
-                                         connector=aiohttp.TCPConnector(limit=max(levels) + 2, ssl=False)) as client:
+                                         connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2,
+                                                                        ssl=False)) as client:
             for conv in plan.warmup:
                 await self._unrecorded(client, conv)
             results = []
             # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), refresh_per_second=2) as progress:
-                for level in levels:
+                for level in plan.levels:
                     batch = plan.level_warmup.get(level) or []
                     if batch:
                         await self._warm_level(client, batch)
-                    for rep in range(repetitions):
+                    for rep in range(plan.repetitions):
                         convs = plan.measured[(level, rep)]
                         results.append(await self._level(client, progress, convs, level, rep))
             return results
@@ -174,7 +175,7 @@ class WorkloadRunner:
         if any(r.error for r in records):  # failed requests may be the first sign of a dying server
             self.server.check_alive(wait_s=2.0)
         after = await self._scrape(client)
-        return LevelResult(level, wall, records, before, after, rep)
+        return LevelResult(level, wall, records, before, after)
 
     async def _watch_server(self) -> None:
         while True:

@@ -16,7 +16,7 @@ from experiments import plots
 from experiments.client import RequestSettings, WorkloadRunner, load_records
 from experiments.engines import adapter_for, limits_mismatch
 from experiments.engines.base import Validation
-from experiments.harness.prepare import PreparedWorkload, levels_of
+from experiments.harness.prepare import PreparedWorkload
 from experiments.launch_spec import LaunchSpec
 from experiments.pairing import LIMIT_PARAM, PairingRefused, compare_greedy, compare_sampled, speedups
 from experiments.server import POOL
@@ -68,7 +68,7 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
         w = cfg.workload
         settings = RequestSettings(int(w.max_tokens), float(w.temperature), int(w.seed), float(w.request_timeout_s))
         runner = WorkloadRunner(server, adapter, cfg.model.name, settings, prepared.render(), records_path)
-        levels = runner.run(prepared.plan, levels_of(cfg), int(w.repetitions))
+        levels = runner.run(prepared.plan)
         summary = summarize(levels, adapter)
         metrics = dict(summary.metrics)
         for c, m in summary.per_level.items():
@@ -137,12 +137,8 @@ def _log_limits(client: MlflowClient, run_id: str, limits: dict, baseline: Run |
                              "(pin them with limits.* so that option and baseline run under the same ones)")
 
 
-def _baseline_records(client: MlflowClient, baseline: Run) -> list[dict] | None:
-    return run_records(client, baseline.info.run_id)
-
-
 def _sampled_check(client: MlflowClient, run_id: str, baseline: Run, records_path: Path) -> dict:
-    base_records = _baseline_records(client, baseline)
+    base_records = run_records(client, baseline.info.run_id)
     if base_records is None:
         return {}
     metrics, detail = compare_sampled(load_records(records_path), base_records)
@@ -162,7 +158,7 @@ def _log_patches(client, run_id: str, spec: LaunchSpec, log_path: Path | None) -
 
 
 def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, adapter, cfg) -> dict:
-    base_records = _baseline_records(client, baseline)
+    base_records = run_records(client, baseline.info.run_id)
     if base_records is None:
         return {}
 

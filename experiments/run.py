@@ -72,7 +72,7 @@ def run_measured(cfg: DictConfig, spec: LaunchSpec, validation: Validation, key:
 def _log_workload(client, run_id: str, cfg: DictConfig, prepared: PreparedWorkload) -> None:
     client.set_tag(run_id, "specws.prompts_digest", prepared.digest)
     client.log_dict(run_id, prepared.plan.describe(), "workload_plan.json")
-    rows = [{"id": c.id, "category": c.category, "turns": len(c.user_turns) or 1, "source": c.source,
+    rows = [{"id": c.id, "category": c.category, "turns": c.num_turns, "source": c.source,
              "text": (c.raw_prompt or "\n---\n".join(c.user_turns))[:2000]} for c in prepared.conversations]
     log_prompt_dataset(client, run_id, str(cfg.workload.name), str(cfg.workload.prompt_set), rows, prepared.digest)
 

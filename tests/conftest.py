@@ -52,4 +52,4 @@ def run_fixed(server, adapter, tokens: int, path: Path, token_ids: dict[str, lis
     convs, render = fixed_prompts(token_ids)
     plan = plan_visits(convs, levels, repetitions, warmup, 0, reuse)
     runner = WorkloadRunner(server, adapter, "loopback", RequestSettings(tokens, 0.0, 0, 60), render, path)
-    return runner.run(plan, levels, repetitions)
+    return runner.run(plan)

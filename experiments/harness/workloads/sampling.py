@@ -60,6 +60,10 @@ class VisitPlan:
     reuse: bool = False
     levels: list[int] = field(default_factory=list)
 
+    @property
+    def repetitions(self) -> int:
+        return 1 + max(rep for _, rep in self.measured)
+
     def describe(self) -> dict[str, int | bool]:
         sizes = [len(s) for s in self.measured.values()]
         distinct = {c.id for s in self.measured.values() for c in s}
