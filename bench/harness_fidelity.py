@@ -1,4 +1,4 @@
-"""Harness fidelity: the workspace client (experiments/client.py WorkloadRunner) and SGLang's
+"""Harness fidelity: the workspace client (experiments/harness/client.py WorkloadRunner) and SGLang's
 `python -m sglang.bench_serving`, side by side against one loopback server that streams tokens on a known
 schedule (bench/loopback_server.py).
 
@@ -31,12 +31,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from experiments.client import RequestSettings, WorkloadRunner, fixed_prompts, load_records
+from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts, load_records
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.harness.workloads.sampling import plan_visits
-from experiments.paths import cache_dir
-from experiments.server import VisitLog
+from experiments.config.paths import cache_dir
+from experiments.harness.server import VisitLog
 
 SERVER = Path(__file__).with_name("loopback_server.py")
 TOKENIZER = cache_dir() / "models" / "SmolLM2-135M-Instruct"
@@ -94,7 +94,7 @@ SCENARIOS = {"schedule": {"ttft_ms": 20.0, "itl_ms": 5.0, "concurrency": 8},
 
 
 class LoopbackProcess:
-    """The loopback server in its own process group; quacks like experiments.server.Server for the runner."""
+    """The loopback server in its own process group; quacks like experiments.harness.server.Server for the runner."""
 
     def __init__(self, ttft_ms: float, itl_ms: float, tokens_per_event: int = 1):
         self.visits = VisitLog()

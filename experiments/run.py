@@ -16,19 +16,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from experiments import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
 from experiments.analysis.post_run import log_run_analysis
 from experiments.engines import adapter_for
 from experiments.engines.base import InvalidLaunch, Validation
 from experiments.harness.prepare import PreparedWorkload, prepare_workload
 from experiments.harness.workloads.formats import WorkloadError
-from experiments.launch_spec import LaunchSpec, build_launch_spec
-from experiments.measure import baseline_cfg, console, log_common_artifacts, measure, start_run
-from experiments.pairing import PairingRefused, find_baseline, pair_key
-from experiments.preflight import Refused, check_assets, check_option
-from experiments.server import POOL
-from experiments.tracking import PARENT_ENV, host_fingerprint, log_prompt_dataset, setup
-from experiments.train_option import train_and_evaluate
+from experiments.harness.launch import LaunchSpec, build_launch_spec
+from experiments.harness.measure import baseline_cfg, console, log_common_artifacts, measure, start_run
+from experiments.harness.baseline import PairingRefused, find_baseline, pair_key
+from experiments.harness.preflight import Refused, check_assets, check_option
+from experiments.harness.server import POOL
+from experiments.tracking.store import PARENT_ENV, host_fingerprint, log_prompt_dataset, setup
+from experiments.options.train_head import train_and_evaluate
 
 SITE_ENV = "SPECWS_SITE"
 SITE_FILE = paths.ROOT / ".specws-site"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments.paths import ROOT, cache_dir
+from experiments.config.paths import ROOT, cache_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CONF = ROOT / "conf"
@@ -46,7 +46,7 @@ def run_fixed(server, adapter, tokens: int, path: Path, token_ids: dict[str, lis
               repetitions: int = 1, warmup: int = 0, reuse: bool = True):
     """The workspace client over prompts given as token ids (the loopback server has no state to contaminate:
     `reuse` sends every prompt in every slice, as the old client did)."""
-    from experiments.client import RequestSettings, WorkloadRunner, fixed_prompts
+    from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
     from experiments.harness.workloads.sampling import plan_visits
 
     convs, render = fixed_prompts(token_ids)

@@ -6,7 +6,7 @@ import pytest
 from experiments.engines.base import acceptance_from_positions, merge_acceptance
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
-from experiments.pairing import compare_greedy, speedups
+from experiments.harness.baseline import compare_greedy, speedups
 
 LABELS = 'engine="0",model_name="m"'
 

@@ -15,10 +15,10 @@ from omegaconf.errors import InterpolationKeyError
 
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter, model_config_present
-from experiments.launch_spec import build_launch_spec
-from experiments.preflight import Refused, check_head_fits
-from experiments.specforge import SPECFORGE_TARGET, commands, draft_config, recipe, validate_recipe
-from experiments.tracking import flatten
+from experiments.harness.launch import build_launch_spec
+from experiments.harness.preflight import Refused, check_head_fits
+from experiments.options.specforge_plan import SPECFORGE_TARGET, commands, draft_config, recipe, validate_recipe
+from experiments.tracking.store import flatten
 from sglang_patches import REGISTRY
 
 ISSUE_LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")

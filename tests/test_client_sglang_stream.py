@@ -11,7 +11,7 @@ import pytest
 from conftest import run_fixed
 
 from bench.harness_fidelity import LoopbackProcess
-from experiments.client import load_records
+from experiments.harness.client import load_records
 from experiments.engines.sglang_engine import SGLangAdapter
 
 
@@ -93,7 +93,7 @@ def test_warm_up_batch_at_each_concurrency_is_not_recorded(tmp_path: Path) -> No
 
 
 def warm_ids(prompts: dict, warmup: int) -> set[str]:
-    from experiments.client import fixed_prompts
+    from experiments.harness.client import fixed_prompts
     from experiments.harness.workloads.sampling import plan_visits
     plan = plan_visits(fixed_prompts(prompts)[0], [1, 3], 1, warmup, 0, True)
     return {c.id for c in plan.warmup}

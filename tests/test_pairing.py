@@ -8,7 +8,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from experiments.pairing import compare_greedy, compare_sampled, find_baseline
+from experiments.harness.baseline import compare_greedy, compare_sampled, find_baseline
 
 
 def _baseline(client: MlflowClient, exp: str, key: str, host: str, errors: float, age_h: float = 0.0) -> str:

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from experiments.paths import ROOT
+from experiments.config.paths import ROOT
 from sglang_patches import REGISTRY, Context, Patch, PatchRefused, Targets, When, resolve
 from sglang_patches import selfcheck as sc
 from sglang_patches.applying import applied_tag, apply_patches, parse_log
@@ -222,7 +222,7 @@ def test_selfcheck_on_gpu_every_present_kernel_agrees() -> None:
 def test_sglang_launch_spec_goes_through_the_launcher_with_the_site_patches(monkeypatch) -> None:
     from conftest import compose_cfg
 
-    from experiments.launch_spec import build_launch_spec
+    from experiments.harness.launch import build_launch_spec
     monkeypatch.setenv("PYTHONPATH", "/opt/sglang-bundle")
     cfg = compose_cfg("+option=A", "site=blackwell", "site.patches=[sm12x_wna16_moe_triton,reach_marker]")
     spec = build_launch_spec(cfg)
@@ -235,8 +235,8 @@ def test_sglang_launch_spec_goes_through_the_launcher_with_the_site_patches(monk
 def test_the_run_logs_what_the_launcher_really_applied(tmp_path, store) -> None:
     from mlflow.tracking import MlflowClient
 
-    from experiments.launch_spec import LaunchSpec
-    from experiments.measure import _log_patches
+    from experiments.harness.launch import LaunchSpec
+    from experiments.harness.measure import _log_patches
     res = _launcher({"SPECWS_SGLANG_PATCHES": "reach_marker,sm12x_wna16_moe_triton",
                      "SPECWS_SGLANG_ENTRY": "sglang.version"})
     assert res.returncode == 0, res.stderr[-3000:]

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_fixed
 from mlflow.tracking import MlflowClient
 
-from experiments.replay import (
+from experiments.analysis.replay import (
     NgramConfig,
     NgramIndex,
     ReplayInputError,

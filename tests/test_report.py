@@ -15,9 +15,9 @@ from mlflow.tracking import MlflowClient
 from bench.harness_fidelity import LoopbackProcess
 from experiments.analysis.categories import acceptor, category_rows
 from experiments.analysis.report_html import page
-from experiments.client import load_records
+from experiments.harness.client import load_records
 from experiments.engines.vllm_engine import VLLMAdapter
-from experiments.report import CONTAMINATED, OptionSeries, Point, main, t_interval
+from experiments.analysis.report import CONTAMINATED, OptionSeries, Point, main, t_interval
 from tests.conftest import run_workspace
 from tests.test_contamination import old_store  # noqa: F401 - the session fixture: the H200 runs imported
 
@@ -26,7 +26,7 @@ H200 = "smollm2_135m@h200"
 
 
 def client_records(tmp: Path, tokens_per_event: int, name: str) -> list[dict]:
-    """Records written by experiments/client.py against a loopback server: 12 prompts in 2 disjoint slices."""
+    """Records written by experiments/harness/client.py against a loopback server: 12 prompts in 2 disjoint slices."""
     server = LoopbackProcess(ttft_ms=10.0, itl_ms=4.0, tokens_per_event=tokens_per_event)
     try:
         path = tmp / f"{name}.jsonl"

@@ -1,4 +1,4 @@
-"""SGLang verification-cost probe (experiments/speedup_store.py): runs whose records the workspace client wrote
+"""SGLang verification-cost probe (experiments/analysis/speedup/fit.py): runs whose records the workspace client wrote
 against the loopback server streaming SGLang /generate events on a known step schedule, summarised by the
 workspace's summary code and logged into a temporary MLflow store; the probe must recover the schedule."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from mlflow.tracking import MlflowClient
 
 from bench.harness_fidelity import LoopbackProcess
 from experiments.engines.sglang_engine import SGLangAdapter
-from experiments.speedup_store import error_table, fit_eagle_cost, fit_verify_cost, sglang_step_points
-from experiments.summary import summarize
+from experiments.analysis.speedup.fit import error_table, fit_eagle_cost, fit_verify_cost, sglang_step_points
+from experiments.harness.summary import summarize
 
 T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: baseline step, speculative-step overhead, per token, per draft
 

@@ -13,9 +13,9 @@ from experiments import run
 from experiments.engines import sglang_versions
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.sglang_versions import RENAMES, flags_for_version, installed_sglang
-from experiments.launch_spec import build_launch_spec
-from experiments.paths import cache_dir
-from experiments.tracking import run_tags
+from experiments.harness.launch import build_launch_spec
+from experiments.config.paths import cache_dir
+from experiments.tracking.store import run_tags
 
 pytest.importorskip("sglang")  # .venv's SGLang (0.5.23), installed by bin/setup
 SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"

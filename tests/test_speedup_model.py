@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments.replay import NgramConfig, ReplaySequence
-from experiments.speedup_model import (
+from experiments.analysis.replay import NgramConfig, ReplaySequence
+from experiments.analysis.speedup.model import (
     BoxProfile,
     LinearProfile,
     PredictionUnavailable,
@@ -19,7 +19,7 @@ from experiments.speedup_model import (
     predict_level,
     predict_run,
 )
-from experiments.speedup_store import probe_b_tok, probe_slopes
+from experiments.analysis.speedup.fit import probe_b_tok, probe_slopes
 
 CPU_LIKE = LinearProfile(a_ms=30.0, b_seq_ms=4.0, b_tok_ms=0.6)
 
@@ -117,7 +117,7 @@ def test_probe_recovers_a_known_verification_cost() -> None:
     replay solves: the probe returns the slope it was built with."""
     rng = np.random.default_rng(1)
     cfg = NgramConfig(2, 4, 4)
-    from experiments.replay import NgramIndex, replay_config
+    from experiments.analysis.replay import NgramIndex, replay_config
     seqs = []
     for i in range(6):
         prompt = rng.integers(0, 50, 80).tolist()
@@ -135,7 +135,7 @@ def test_probe_recovers_a_known_verification_cost() -> None:
 def test_sglang_verified_tokens_follow_sglangs_topk1_rule() -> None:
     """SGLang verifies num_steps + 1 tokens for EAGLE-3 with topk 1 whatever num_draft_tokens says (runs of
     session 4 were launched with 4 at 1-5 steps); n-gram and topk > 1 verify num_draft_tokens; vLLM: None."""
-    from experiments.speedup_model import sglang_verified_per_step
+    from experiments.analysis.speedup.model import sglang_verified_per_step
 
     eagle = {"engine.name": "sglang", "spec.method": "eagle3", "spec.num_draft_tokens": "4"}
     assert [sglang_verified_per_step({**eagle, "spec.topk": "1", "spec.num_steps": str(n)})

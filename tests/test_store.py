@@ -7,7 +7,7 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
-from experiments.paths import ROOT
+from experiments.config.paths import ROOT
 
 
 def test_parallel_multiruns_share_one_store(store: str, tmp_path, embedded_ready) -> None:

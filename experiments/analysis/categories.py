@@ -125,7 +125,7 @@ def accept_length_hist(option_records: list[dict], acc: Acceptor) -> dict[str, A
 
 
 def hist_figure(hist: dict[str, Any]):
-    from experiments.plots import plt
+    from experiments.tracking.plots import plt
     fig, ax = plt.subplots(figsize=(6, 4))
     edges = hist["bin_edges"]
     for c, v in hist["values"].items():
@@ -154,7 +154,7 @@ def log_category_results(client: Any, run_id: str, option_records: list[dict], b
     hist = accept_length_hist(option_records, acc)
     client.log_dict(run_id, hist, "accept_length_hist.json")
     if hist["values"]:
-        from experiments.plots import plt
+        from experiments.tracking.plots import plt
         fig = hist_figure(hist)
         client.log_figure(run_id, fig, "plots/accept_length_distribution.png")
         plt.close(fig)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from experiments.analysis.categories import log_category_results
-from experiments.tracking import run_records
+from experiments.tracking.store import run_records
 
 if TYPE_CHECKING:
     from mlflow.entities import Run

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from experiments.eagle3.train import train_head
-from experiments.paths import cache_dir
+from experiments.config.paths import cache_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -276,7 +276,7 @@ def eagle3_cache() -> Path:
     """`<cache>/eagle3`; SPECWS_EAGLE3_CACHE overrides it (the GPU command sets it: it runs without OmegaConf)."""
     if os.environ.get("SPECWS_EAGLE3_CACHE"):
         return Path(os.environ["SPECWS_EAGLE3_CACHE"])
-    from experiments.paths import cache_dir
+    from experiments.config.paths import cache_dir
 
     return cache_dir() / "eagle3"
 

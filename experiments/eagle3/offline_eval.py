@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = a.model
     if model_path is None:
-        from experiments.paths import cache_dir
+        from experiments.config.paths import cache_dir
         model_path = str(cache_dir() / "models" / "SmolLM2-135M-Instruct")
     from transformers import AutoModelForCausalLM
 

@@ -311,7 +311,7 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     from experiments.eagle3.data import DataSettings
     from experiments.eagle3.export import export_head
     from experiments.eagle3.features import FeatureSettings, build_features
-    from experiments.paths import cache_dir
+    from experiments.config.paths import cache_dir
 
     device = resolve_device(device)
     if device == "cpu":

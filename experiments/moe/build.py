@@ -34,7 +34,7 @@ from experiments.moe.model import (
     routing_hooks,
     smollm2_dir,
 )
-from experiments.paths import cache_dir
+from experiments.config.paths import cache_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -93,7 +93,7 @@ def compact_vocab(rows: list[dict], extra_texts: list[str], tokenizer) -> torch.
 
 
 def prompt_set_texts() -> list[str]:
-    from experiments.paths import PROMPT_SETS
+    from experiments.config.paths import PROMPT_SETS
 
     texts = []
     for f in sorted(PROMPT_SETS.glob("*.jsonl")):

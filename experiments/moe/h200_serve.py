@@ -30,7 +30,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from experiments.ports import free_port
+from experiments.harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = Path(__file__).with_name("prompts.json")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.paths import cache_dir
+from experiments.config.paths import cache_dir
 
 MODEL_DIR_NAME = "tiny-moe-dsv3"
 SMOLLM2_DIR_NAME = "SmolLM2-135M-Instruct"

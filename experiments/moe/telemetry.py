@@ -166,8 +166,8 @@ def figures(result: dict):
 def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) -> str:
     from hydra import compose, initialize_config_dir
 
-    from experiments.paths import ROOT
-    from experiments.tracking import flatten, log_params, run_tags, setup
+    from experiments.config.paths import ROOT
+    from experiments.tracking.store import flatten, log_params, run_tags, setup
 
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=["model=tiny_moe_dsv3", "+option=E", *overrides])

@@ -14,7 +14,7 @@ PROMPT_SETS = ("chat", "grounded", "reasoning")
 
 
 def build_prompts(tokenizer_path: Path | None = None) -> list[dict]:
-    from experiments.prompts import load_prompts
+    from experiments.harness.workloads.prompts import load_prompts
 
     out = []
     for name in PROMPT_SETS:

@@ -85,7 +85,7 @@ def test_each_measured_prompt_reaches_the_server_once(measured) -> None:
 
 @pytest.mark.slow
 def test_report_shows_categories(measured, tmp_path) -> None:
-    from experiments.report import main
+    from experiments.analysis.report import main
     _, tmp, _, _ = measured
     assert main([EXPERIMENT, "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--out", str(tmp_path)]) == 0
     html = "\n".join(p.read_text() for p in tmp_path.rglob("*.html"))

@@ -7,7 +7,7 @@ from conftest import compose_cfg
 
 from experiments.engines import adapter_for
 from experiments.engines.knobs import refuse_unused_knobs
-from experiments.preflight import Refused, check_option
+from experiments.harness.preflight import Refused, check_option
 
 OPTIONS = ("baseline", "A", "B", "C", "D", "E")
 SHIPPED = [(site, option) for site in ("local", "h200", "blackwell") for option in OPTIONS] + \

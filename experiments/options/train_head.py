@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.measure import console
-from experiments.tracking import PARENT_ENV, flatten, log_params, run_tags, setup
+from experiments.harness.measure import console
+from experiments.tracking.store import PARENT_ENV, flatten, log_params, run_tags, setup
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def train_and_evaluate(cfg: DictConfig, evaluate: Callable[[DictConfig], dict]) -> dict:
     if not cfg.model.embedded:  # SpecForge trains it on the box; here its checked plan becomes a D-plan run
-        from experiments.specforge import plan
+        from experiments.options.specforge_plan import plan
         return plan(cfg)
     client, exp_id = setup(cfg)
     tags = run_tags(cfg, "n/a", "train") | {"mlflow.runName": "D-train"}

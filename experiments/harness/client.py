@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
 from experiments.engines.base import EngineAdapter
 from experiments.harness.workloads.formats import Conversation
 from experiments.harness.workloads.sampling import VisitPlan
-from experiments.server import Server
+from experiments.harness.server import Server
 
 
 @dataclass

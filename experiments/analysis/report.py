@@ -2,7 +2,7 @@
 95 % confidence intervals, the speedup model's prediction beside each measurement, a verdict per option,
 per-category rows, and a contamination flag per run.
 
-`python -m experiments.report <experiment name | parent run id> [--tracking-uri URI] [--out DIR]`
+`python -m experiments.analysis.report <experiment name | parent run id> [--tracking-uri URI] [--out DIR]`
 
 Speedup and interval: (Σ output tokens / Σ request e2e seconds) of the option over its baseline's, on the
 prompts both served, with a paired bootstrap over those prompts (experiments.analysis.stats). A configuration
@@ -34,8 +34,8 @@ from scipy import stats
 from experiments.analysis.categories import ALL, accept_length_of, acceptor, category_rows
 from experiments.analysis.report_html import page
 from experiments.harness.contamination import check_contamination
-from experiments.speedup_model import PredictionUnavailable, levels_of, predict_run
-from experiments.speedup_store import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
+from experiments.analysis.speedup.model import PredictionUnavailable, levels_of, predict_run
+from experiments.analysis.speedup.fit import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 CONTAMINATED = "contaminated — not a verdict"
@@ -105,7 +105,7 @@ def config_key(run) -> tuple[str, str]:
 
 
 def records_of(client, run_id: str) -> list[dict]:
-    from experiments.client import load_records
+    from experiments.harness.client import load_records
     with tempfile.TemporaryDirectory() as tmp:
         try:
             local = Path(client.download_artifacts(run_id, "records", tmp))
@@ -263,7 +263,7 @@ def _prediction(run, base, ngram: dict, slopes: dict) -> dict:
 
 
 def figure(series: list[OptionSeries], title: str):
-    from experiments.plots import plt
+    from experiments.tracking.plots import plt
     workloads = sorted({s.workload for s in series})
     ncols = min(2, len(workloads))
     nrows = -(-len(workloads) // ncols)
@@ -318,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     from mlflow.tracking import MlflowClient
     from rich.console import Console
 
-    from experiments.paths import ROOT
-    ap = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n\n")[0])
+    from experiments.config.paths import ROOT
+    ap = argparse.ArgumentParser(prog="python -m experiments.analysis.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("target", help="experiment name or parent (sweep) run id")
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")

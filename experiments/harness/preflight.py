@@ -45,7 +45,7 @@ def check_option(cfg: DictConfig) -> None:
 def check_patches(cfg: DictConfig) -> None:
     """Patches exist and reach SGLang through the launcher; a budget is a positive integer (B >= the model's
     routed experts = unbudgeted); expert telemetry runs without CUDA graphs (graph replays run no Python)."""
-    from experiments.launch_spec import sglang_patches_for
+    from experiments.harness.launch import sglang_patches_for
     patches = sglang_patches_for(cfg)
     try:
         resolve(patches)
@@ -80,7 +80,7 @@ def check_moe_model(cfg: DictConfig) -> None:
 def check_assets(cfg: DictConfig) -> None:
     model = Path(str(cfg.model.path))
     if not (model / "config.json").exists():
-        how = ("run `bin/setup` (python -m experiments.setup_embedded) once" if cfg.model.embedded
+        how = ("run `bin/setup` (python -m experiments.hosts.setup_embedded) once" if cfg.model.embedded
                else f"set model.path (or its environment variable) to the folder of {cfg.model.hf_id}")
         raise Refused(f"model {cfg.model.name}: no Hugging Face folder at {model}; {how}")
     if cfg.spec.method == "eagle3":

@@ -1,6 +1,6 @@
 """A run store for hosts without MLflow or a reachable tracking server (the H200 host, a box without
 network): the subset of `MlflowClient` the runner uses, written as plain files under one folder.
-`python -m experiments.import_runs <folder or .tar.gz>` later logs those runs into the workspace's MLflow
+`python -m experiments.tracking.import_runs <folder or .tar.gz>` later logs those runs into the workspace's MLflow
 store, keeping their order, metrics history, tags, artifacts and links between runs.
 
 Layout: <root>/<run_id>/{run.json, metrics.jsonl, artifacts/...}; run.json holds experiment, name,

@@ -1,7 +1,7 @@
 """Offline n-gram (prompt-lookup) replay: the acceptance vLLM's n-gram speculation would get on recorded
 greedy outputs, for any grid of (min_match, max_match, draft tokens), without an engine.
 
-`python -m experiments.replay <run-id | records.jsonl> [min_match=1,2] [max_match=2,4] [k=1,2,4,8]`
+`python -m experiments.analysis.replay <run-id | records.jsonl> [min_match=1,2] [max_match=2,4] [k=1,2,4,8]`
 
 The proposer is vLLM's `_find_longest_matched_ngram_and_propose_tokens` (v1/spec_decode/ngram_proposer.py):
 over the context (prompt + output so far) take the longest suffix of length L <= max_match that occurs
@@ -10,7 +10,7 @@ suffix it copies the tokens after the *earliest* one, at most k and at most up t
 A step verifies the draft against the recorded greedy continuation; it emits the accepted prefix plus one
 token. The first output token comes from prefill, without a draft.
 
-The algorithm (every position of a workload at once, numpy): experiments/ngram_replay.py.
+The algorithm (every position of a workload at once, numpy): experiments/analysis/ngram_replay.py.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.ngram_replay import (  # noqa: F401  (re-exported: the replay's public names live here too)
+from experiments.analysis.ngram_replay import (  # noqa: F401  (re-exported: the replay's public names live here too)
     DEFAULT_MAX_MODEL_LEN,
     NgramConfig,
     NgramIndex,
@@ -52,7 +52,7 @@ def sequences_from_records(records: list[dict], origin: str) -> list[ReplaySeque
     if missing:
         raise ReplayInputError(f"{origin}: {len(missing)} of {len(records)} records carry no prompt/output token "
                                f"ids (first: line {missing[0] + 1}); replay needs prompt_token_ids and "
-                               "output_token_ids as written by experiments/client.py")
+                               "output_token_ids as written by experiments/harness/client.py")
     ok = [r for r in records if not r.get("error") and r["output_token_ids"]]
     if not ok:
         raise ReplayInputError(f"{origin}: none of the {len(records)} requests finished with output tokens")
@@ -196,7 +196,7 @@ def agreement(run, result: dict, seqs: list[ReplaySequence]) -> dict[str, float]
 def heatmap(results: dict[NgramConfig, dict]):
     """Accept length (per drafted step, vLLM's definition) and tokens per decode step over the grid:
     one panel column per min_match, rows max_match, columns draft tokens k."""
-    from experiments.plots import plt
+    from experiments.tracking.plots import plt
     mins = sorted({c.min_match for c in results})
     maxs = sorted({c.max_match for c in results})
     ks = sorted({c.k for c in results})
@@ -274,8 +274,8 @@ def log_replay(client, experiment_id: str, source: Source, source_ref: str, conf
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from experiments.paths import ROOT
-    parser = argparse.ArgumentParser(prog="python -m experiments.replay", description=__doc__.split("\n\n")[0])
+    from experiments.config.paths import ROOT
+    parser = argparse.ArgumentParser(prog="python -m experiments.analysis.replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="MLflow run id (its records/ artifacts) or a records .jsonl file / folder")
     parser.add_argument("grid", nargs="*", help=f"min_match=1,2 max_match=2,4 k=1,2,4,8 (defaults: {DEFAULT_GRID})")
     parser.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")

@@ -1,5 +1,5 @@
-"""`python -m experiments.import_runs <offline store folder or .tar.gz> [--tracking-uri URI]`: log runs recorded
-on a host without MLflow (experiments.offline_store) into the workspace's MLflow store.
+"""`python -m experiments.tracking.import_runs <offline store folder or .tar.gz> [--tracking-uri URI]`: log runs recorded
+on a host without MLflow (experiments.tracking.offline_store) into the workspace's MLflow store.
 
 Runs keep their experiment name, status, times, params, tags, full metric history and artifacts; links
 between them (parent run, paired baseline, training run) are rewritten to the new run ids, and each gets
@@ -17,9 +17,9 @@ import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from experiments.offline_store import OfflineClient
-from experiments.paths import ROOT
-from experiments.tracking import log_prompt_dataset
+from experiments.tracking.offline_store import OfflineClient
+from experiments.config.paths import ROOT
+from experiments.tracking.store import log_prompt_dataset
 
 LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.training_run_id",
              "specws.evaluation_run_id", "specws.source_run_id")

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from experiments.client import LevelResult
+from experiments.harness.client import LevelResult
 from experiments.engines.base import Acceptance, EngineAdapter, merge_acceptance
 
 PERCENTILES = (50, 90, 99)

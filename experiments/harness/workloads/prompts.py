@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.paths import PROMPT_SETS
+from experiments.config.paths import PROMPT_SETS
 
 
 @dataclass

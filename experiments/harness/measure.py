@@ -12,16 +12,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from experiments import plots
-from experiments.client import RequestSettings, WorkloadRunner, load_records
+from experiments.tracking import plots
+from experiments.harness.client import RequestSettings, WorkloadRunner, load_records
 from experiments.engines import adapter_for, limits_mismatch
 from experiments.engines.base import Validation
 from experiments.harness.prepare import PreparedWorkload
-from experiments.launch_spec import LaunchSpec
-from experiments.pairing import LIMIT_PARAM, PairingRefused, compare_greedy, compare_sampled, speedups
-from experiments.server import POOL
-from experiments.summary import summarize
-from experiments.tracking import Metric, flatten, log_params, run_records, run_tags
+from experiments.harness.launch import LaunchSpec
+from experiments.harness.baseline import LIMIT_PARAM, PairingRefused, compare_greedy, compare_sampled, speedups
+from experiments.harness.server import POOL
+from experiments.harness.summary import summarize
+from experiments.tracking.store import Metric, flatten, log_params, run_records, run_tags
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -180,7 +180,7 @@ def _predicted(client, run_id: str, cfg: DictConfig, metrics: dict, base: dict, 
     if cfg.spec.method == "none":
         return {}
     try:
-        from experiments.speedup_store import predict_live
+        from experiments.analysis.speedup.fit import predict_live
         drafts = {c: float(a.drafts) for c, a in summary.acceptance_per_level.items()}
         records = load_records(records_path) if records_path.exists() else []
         predicted, note = predict_live(client, client.get_run(run_id).info.experiment_id, run_id, metrics,

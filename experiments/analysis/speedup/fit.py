@@ -1,7 +1,7 @@
 """The speedup model against a store: the verification-cost probes (vLLM: single-stream n-gram records
 against their replay; SGLang: each run's step time over its paired baseline's vs tokens verified per step, across
-the experiment's runs), the prediction logged by experiments/measure.py for a run being measured, and the
-predicted-vs-measured table over every measured run (`python -m experiments.speedup_model table`)."""
+the experiment's runs), the prediction logged by experiments/harness/measure.py for a run being measured, and the
+predicted-vs-measured table over every measured run (`python -m experiments.analysis.speedup.model table`)."""
 from __future__ import annotations
 
 import ast
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.speedup_model import (
+from experiments.analysis.speedup.model import (
     PredictionUnavailable,
     baseline_profile,
     draft_length,
@@ -29,7 +29,7 @@ def probe_slopes(runs: dict[str, tuple[list, object]]) -> dict[str, float]:
     """Verification-cost probe: ms per extra verified token, per run, from single-stream n-gram records
     whose streamed chunks line up one-to-one with the replayed engine steps (step time = t0 + slope *
     draft tokens verified; fitted per run because machine speed drifts between runs)."""
-    from experiments.replay import NgramIndex, replay_config
+    from experiments.analysis.replay import NgramIndex, replay_config
     slopes = {}
     for run_id, (seqs, cfg) in runs.items():
         singles = [s for s in seqs if s.concurrency == 1 and s.chunk_times_s]
@@ -319,7 +319,7 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
 
 def ngram_sources(client, runs) -> dict[str, tuple[list, object]]:
     """Recorded sequences and served configuration of every vLLM n-gram run that has records."""
-    from experiments.replay import ReplayInputError, engine_config, load_source
+    from experiments.analysis.replay import ReplayInputError, engine_config, load_source
     out = {}
     for run in runs:
         served = engine_config(run)
@@ -334,17 +334,17 @@ def ngram_sources(client, runs) -> dict[str, tuple[list, object]]:
 
 def replayed_tokens_per_step(seqs: list, cfg) -> dict[int, tuple[float, float]]:
     """Exact (tokens per decode step, share of steps with a draft) per level, by replaying the records."""
-    from experiments.replay import replay_workload
+    from experiments.analysis.replay import replay_workload
     levels = replay_workload(seqs, [cfg])[cfg]["levels"]
     return {c: (s.metrics()["tokens_per_step"], s.metrics()["steps_with_draft"]) for c, s in levels.items()}
 
 
 def predict_live(client, experiment_id: str, run_id: str, option: dict[str, float], params: dict[str, str],
                  base: dict[str, float], drafts_by_level: dict[int, float], records: list[dict]) -> tuple[dict, str]:
-    """`predicted_*` metrics for a run being measured (experiments/measure.py) and a note on the inputs:
+    """`predicted_*` metrics for a run being measured (experiments/harness/measure.py) and a note on the inputs:
     acceptance replayed from its records where the engine is vLLM n-gram, else its counters; verification
     cost probed on the store's other single-stream n-gram runs of this experiment (the 6 newest)."""
-    from experiments.replay import NgramConfig, ReplayInputError, sequences_from_records
+    from experiments.analysis.replay import NgramConfig, ReplayInputError, sequences_from_records
     notes = []
     tokens_per_step = None
     if params.get("spec.method") == "ngram" and params.get("engine.name") == "vllm":

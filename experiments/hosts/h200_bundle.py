@@ -2,8 +2,8 @@
 host's image, the workspace's runner dependencies, and SmolLM2 as the GGUF it ships in, cut into parts
 that fit one device call each (64 MiB travel with a call).
 
-Here (CPU machine, registries reachable):   python -m experiments.h200_bundle build
-There (one part per call, any order):       python3 -m experiments.h200_bundle install
+Here (CPU machine, registries reachable):   python -m experiments.hosts.h200_bundle build
+There (one part per call, any order):       python3 -m experiments.hosts.h200_bundle install
     each call moves its part into --dest; once every part has arrived the wheels are installed with
     `pip install --no-index --no-deps --target DEST/site` and the model is joined, checked and converted
     with the host's own transformers. Then `export PYTHONPATH=DEST/site` and run the workspace as usual.
@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / ".h200"
 TRAVEL_LIMIT = 64 * 2**20        # a call carries the repo's tracked files too
 MARGIN = 3 * 2**20               # for files added to the work tree between the build and the calls (--margin-mib)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-PROMPT_SETS = Path(__file__).resolve().parent / "prompt_sets"
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT_SETS = ROOT / "experiments" / "prompt_sets"
 
 
 def cache_dir() -> Path:

@@ -9,8 +9,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from experiments import paths  # noqa: F401  (registers the ws.* resolvers)
-from experiments.tracking import PARENT_ENV, git_commit, setup
+from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.tracking.store import PARENT_ENV, git_commit, setup
 
 SWEEP_KEYS_PREFERRED = ("spec.", "workload.")
 
@@ -33,7 +33,7 @@ class SweepCallback(Callback):
         atexit.register(self._abandon)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from experiments.server import POOL
+        from experiments.harness.server import POOL
 
         POOL.close_all()
         if self.parent_id is None:
@@ -45,7 +45,7 @@ class SweepCallback(Callback):
                     and r.info.status == "FINISHED" and r.data.tags.get("specws.mode") == "measure"]
         param = swept_param([r.data.params for r in measured])
         if param and measured:
-            from experiments.plots import sweep_figure
+            from experiments.tracking.plots import sweep_figure
 
             rows = [{"x": _num(r.data.params[param]), **r.data.metrics} for r in measured]
             self.client.log_figure(self.parent_id, sweep_figure(param, rows), "plots/sweep.png")

@@ -1,4 +1,4 @@
-"""Option E offline on a CPU site: `python -m experiments.moe.option_e [-m] [spec.moe_expert_budget=2,4,8,16,32]`.
+"""Option E offline on a CPU site: `python -m experiments.options.budget [-m] [spec.moe_expert_budget=2,4,8,16,32]`.
 
 The same Hydra config tree as `experiments.run` (`+option=E model=tiny_moe_dsv3` are added unless given);
 SGLang cannot serve here, so the budget is applied in the HF forward of the small MoE: greedy speculative
@@ -20,8 +20,8 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from experiments import paths  # noqa: F401  (registers the ws.* resolvers)
-from experiments.measure import console
+from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.harness.measure import console
 from experiments.moe.routing import (
     AlongResult,
     SpecResult,
@@ -32,8 +32,8 @@ from experiments.moe.routing import (
     teacher_continuations,
     verify_along,
 )
-from experiments.preflight import Refused, check_moe_model
-from experiments.tracking import PARENT_ENV, flatten, log_params, run_tags, setup
+from experiments.harness.preflight import Refused, check_moe_model
+from experiments.tracking.store import PARENT_ENV, flatten, log_params, run_tags, setup
 
 # Unbudgeted references are shared by the jobs of one multirun (same process).
 _cache: dict[tuple, object] = {}
@@ -96,10 +96,10 @@ def _free_running(model, ids, max_new, k, budget, eos, path, prompt_set) -> tupl
 
 def run_offline(cfg: DictConfig) -> dict:
     from experiments.moe.model import load_model
-    from experiments.prompts import load_prompts
+    from experiments.harness.workloads.prompts import load_prompts
 
     if cfg.option is None or cfg.option.name != "E":
-        raise Refused("experiments.moe.option_e runs option E only (+option=E)")
+        raise Refused("experiments.options.budget runs option E only (+option=E)")
     check_moe_model(cfg)
     path = str(cfg.model.path)
     if not os.path.exists(os.path.join(path, "config.json")):

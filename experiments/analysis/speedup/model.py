@@ -16,10 +16,10 @@ Profiles:
   top-k of E, or a measured curve), dense GEMMs flat up to a compute ridge, attention per sequence with a
   coefficient calibrated so that the baseline reproduces the measured plateau (1,536 tok/s at 128).
 
-`python -m experiments.speedup_model table [--experiment E] [--log]`: predicted vs measured over every measured
-run of a store (experiments/speedup_store.py, which also holds the verification-cost probe and the hook
-experiments/measure.py calls).
-`python -m experiments.speedup_model box --tokens-per-step 2.4 --k 4 [--expert-curve curve.json]`.
+`python -m experiments.analysis.speedup.model table [--experiment E] [--log]`: predicted vs measured over every measured
+run of a store (experiments/analysis/speedup/fit.py, which also holds the verification-cost probe and the hook
+experiments/harness/measure.py calls).
+`python -m experiments.analysis.speedup.model box --tokens-per-step 2.4 --k 4 [--expert-curve curve.json]`.
 """
 from __future__ import annotations
 
@@ -322,8 +322,8 @@ def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    from experiments.paths import ROOT
-    ap = argparse.ArgumentParser(prog="python -m experiments.speedup_model")
+    from experiments.config.paths import ROOT
+    ap = argparse.ArgumentParser(prog="python -m experiments.analysis.speedup.model")
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table", help="predicted vs measured tok/s over every measured run")
     t.add_argument("--experiment", default="smollm2_135m@local")
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         import mlflow
         from mlflow.tracking import MlflowClient
         mlflow.set_tracking_uri(args.tracking_uri)
-        from experiments.speedup_store import error_table
+        from experiments.analysis.speedup.fit import error_table
         rows = error_table(MlflowClient(), args.experiment, not args.no_replay, not args.no_probe, args.log)
         print("| run | option | workload | k | c | acceptance | tokens/step | b_tok ms | spec overhead ms | "
               "baseline tok/s | measured tok/s | predicted tok/s | error | flag |")

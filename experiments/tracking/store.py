@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.offline_store import URI_PREFIX, OfflineClient
-from experiments.paths import ROOT
+from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
+from experiments.config.paths import ROOT
 
 try:
     import mlflow
@@ -47,12 +47,12 @@ def _store_lock(uri: str):
 
 def setup(cfg: DictConfig) -> tuple[Any, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder.
-    An `offline://<folder>` URI records into plain files instead (experiments.offline_store)."""
+    An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store)."""
     if str(cfg.tracking.uri).startswith(URI_PREFIX):
         return OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX)), cfg.tracking.experiment
     if mlflow is None:
         raise RuntimeError(f"MLflow is not installed here; use tracking.uri={URI_PREFIX}<folder> and import the "
-                           "runs elsewhere with `python -m experiments.import_runs <folder>`")
+                           "runs elsewhere with `python -m experiments.tracking.import_runs <folder>`")
     mlflow.set_tracking_uri(cfg.tracking.uri)
     from mlflow.tracking import MlflowClient
 
@@ -130,7 +130,7 @@ def host_fingerprint(cfg: DictConfig) -> str:
 
 
 def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
-    from experiments.launch_spec import sglang_patches_for
+    from experiments.harness.launch import sglang_patches_for
     requested = sglang_patches_for(cfg)
     return moe_budget_tags(cfg, requested) | {
         "specws.option": cfg.option.name, "specws.site": cfg.site.name, "specws.model": cfg.model.name,

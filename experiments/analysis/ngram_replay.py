@@ -1,5 +1,5 @@
 """vLLM's prompt-lookup n-gram proposer replayed over recorded greedy outputs, every position of a workload
-at once (the algorithm behind experiments/replay.py, which documents the rule it reproduces).
+at once (the algorithm behind experiments/analysis/replay.py, which documents the rule it reproduces).
 
 n-gram ids per length (an unstable sort of packed keys; the request index in the key keeps matches inside a
 request), the earliest occurrence of each id, then the draft and its accepted length at every output
