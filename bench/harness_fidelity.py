@@ -1,6 +1,6 @@
 """Harness fidelity: the workspace client (experiments/harness/client.py WorkloadRunner) and SGLang's
 `python -m sglang.bench_serving`, side by side against one loopback server that streams tokens on a known
-schedule (bench/loopback_server.py).
+schedule (tests/helpers/loopback_server.py).
 
 Reported per client and protocol: TTFT and ITL error against the times the server really sent each event
 (p50 / p99 of |client - server|, in ms), and the streamed-token rate the client sustained.
@@ -20,25 +20,22 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
-from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts, load_records
+from experiments.config.paths import cache_dir
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
+from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
+from experiments.harness.server import Server
 from experiments.harness.workloads.sampling import plan_visits
-from experiments.config.paths import cache_dir
-from experiments.harness.server import VisitLog
+from experiments.tracking.records import load_records
+from tests.helpers.loopback_server import reset, sent_times, start_loopback
 
-SERVER = Path(__file__).with_name("loopback_server.py")
 TOKENIZER = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 # bench_serving imports, at module level, HF `datasets` (its MMMU loader) and, through sglang.srt, torchvision,
 # tvm_ffi, compressed_tensors, sentencepiece and dill. .venv has sglang installed --no-deps, without them;
@@ -93,47 +90,6 @@ SCENARIOS = {"schedule": {"ttft_ms": 20.0, "itl_ms": 5.0, "concurrency": 8},
              "rate": {"ttft_ms": 0.0, "itl_ms": 0.0, "concurrency": 32}}
 
 
-class LoopbackProcess:
-    """The loopback server in its own process group; quacks like experiments.harness.server.Server for the runner."""
-
-    def __init__(self, ttft_ms: float, itl_ms: float, tokens_per_event: int = 1):
-        self.visits = VisitLog()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(self.port), "--ttft-ms",
-                                      str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens-per-event",
-                                      str(tokens_per_event)], start_new_session=True)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("loopback server did not start")
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def check_alive(self, wait_s: float = 0.0) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"loopback server exited with {self.proc.returncode}")
-
-    def sent(self) -> dict[str, dict]:
-        return httpx.get(self.base_url + "/sent", timeout=30).json()
-
-    def reset(self) -> None:
-        httpx.post(self.base_url + "/reset", timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=10)
-
-
 def errors(pairs: list[tuple[float, list[float], float, list[float]]]) -> dict[str, float]:
     """pairs: (client ttft, client ITLs, server first send, server gaps) per request, seconds."""
     ttft = np.array([abs(ct - st) for ct, _, st, _ in pairs]) * 1e3
@@ -150,17 +106,17 @@ def serial(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def run_workspace_client(server: LoopbackProcess, protocol: str, n: int, tokens: int, conc: int) -> dict:
+def run_workspace_client(server: Server, protocol: str, n: int, tokens: int, conc: int) -> dict:
     adapter = VLLMAdapter() if protocol == "openai" else SGLangAdapter()
     convs, render = fixed_prompts({f"p{i}": [1000 + i, 7, 8, 9] for i in range(n + 1)})
     plan = plan_visits(convs, [conc], 1, 1, 0)   # one warm-up request (not measured), as bench_serving
-    server.reset()
+    reset(server)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.jsonl"
         runner = WorkloadRunner(server, adapter, "loopback", RequestSettings(tokens, 0.0, 0, 120), render, path)
         (level,) = runner.run(plan)
         records = load_records(path)
-    sent = {v["prompt"]: v["times"] for v in server.sent().values()}
+    sent = {v["prompt"]: v["times"] for v in sent_times(server).values()}
     pairs = []
     for r in records:
         times = sent.get(json.dumps(r["prompt_token_ids"]))
@@ -171,8 +127,8 @@ def run_workspace_client(server: LoopbackProcess, protocol: str, n: int, tokens:
     return {**errors(pairs), "tok_s": out_tokens / level.wall_s, "output_tokens": out_tokens}
 
 
-def run_bench_serving(server: LoopbackProcess, backend: str, n: int, tokens: int, conc: int) -> dict:
-    server.reset()
+def run_bench_serving(server: Server, backend: str, n: int, tokens: int, conc: int) -> dict:
+    reset(server)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.jsonl"
         cmd = [sys.executable, "-c", BENCH_SERVING, "--backend", backend, "--base-url", server.base_url,
@@ -186,7 +142,7 @@ def run_bench_serving(server: LoopbackProcess, backend: str, n: int, tokens: int
             raise RuntimeError(f"bench_serving {backend} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
         result = json.loads(out.read_text().splitlines()[-1])
     # bench_serving keeps no prompt per output; the server numbers requests in its first token ("rN|")
-    by_serial = {k: v["times"] for k, v in server.sent().items()}
+    by_serial = {k: v["times"] for k, v in sent_times(server).items()}
     pairs = []
     for text, ttft, itls in zip(result["generated_texts"], result["ttfts"], result["itls"], strict=True):
         times = by_serial.get(serial(text) or "")
@@ -208,7 +164,7 @@ def main() -> int:
     results = []
     load_before = os.getloadavg()[0]
     for name, sc in SCENARIOS.items():
-        server = LoopbackProcess(sc["ttft_ms"], sc["itl_ms"])
+        server = start_loopback(sc["ttft_ms"], sc["itl_ms"])
         try:
             for client, protocol, fn, arg in clients:
                 r = fn(server, arg, args.requests, args.tokens, sc["concurrency"])

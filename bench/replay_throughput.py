@@ -23,10 +23,10 @@ from experiments.analysis.replay import (  # noqa: E402
     NgramConfig,
     NgramIndex,
     ReplaySequence,
-    read_records_file,
     replay_config,
     sequences_from_records,  # noqa: E402
 )
+from experiments.tracking.records import load_records  # noqa: E402
 
 
 def synthetic(n_requests: int, rng: np.random.Generator) -> list[ReplaySequence]:
@@ -54,7 +54,7 @@ def main() -> None:
     if os.sched_getaffinity(0) and len(os.sched_getaffinity(0)) > 1:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
     if args.records:
-        base = sequences_from_records(read_records_file(__import__("pathlib").Path(args.records)), args.records)
+        base = sequences_from_records(load_records(args.records), args.records)
         seqs = base * args.copies
     else:
         seqs = synthetic(args.requests, np.random.default_rng(0))

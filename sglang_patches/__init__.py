@@ -36,8 +36,8 @@ from typing import Any
 PATCH_MODULES: tuple[str, ...] = (
     "sglang_patches.marker",
     "sglang_patches.sm12x_wna16_moe",
-    "sglang_patches.moe_budget",          # issue 6: MoE-Spec expert budget (before expert_telemetry)
-    "sglang_patches.expert_telemetry",    # issue 6: distinct experts per layer per forward
+    "sglang_patches.moe_budget",          # option E: MoE-Spec expert budget (before expert_telemetry)
+    "sglang_patches.expert_telemetry",    # option E: distinct experts per layer per forward
 )
 
 

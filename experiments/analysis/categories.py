@@ -22,9 +22,9 @@ HIST_BIN = 0.25
 Acceptor = Callable[[dict], RequestAcceptance | None]
 
 
-def acceptor(engine_name: str) -> Acceptor:
+def acceptor(engine: str) -> Acceptor:
     from experiments.engines import adapter_for
-    return adapter_for(engine_name).request_acceptance
+    return adapter_for(engine).request_acceptance
 
 
 def accept_length_of(acc: Acceptor) -> Callable[[dict], float | None]:
@@ -140,11 +140,11 @@ def hist_figure(hist: dict[str, Any]):
 
 
 def log_category_results(client: Any, run_id: str, option_records: list[dict], baseline_records: list[dict] | None,
-                         engine_name: str) -> tuple[list[dict], ContaminationCheck]:
+                         engine: str) -> tuple[list[dict], ContaminationCheck]:
     """Post-run processor for a measured option run (MlflowClient or OfflineClient): logs cat/* metrics,
     categories.json, accept_length_hist.json + plots/accept_length_distribution.png, and the contamination
     check (tag specws.contamination, contamination_* metrics)."""
-    acc = acceptor(engine_name)
+    acc = acceptor(engine)
     rows = category_rows(option_records, baseline_records, acc)
     check = check_contamination(option_records, accept_length_of(acc))
     for key, value in (as_metrics(rows) | check.as_metrics()).items():

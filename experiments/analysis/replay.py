@@ -15,9 +15,7 @@ The algorithm (every position of a workload at once, numpy): experiments/analysi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from itertools import product
 from pathlib import Path
@@ -33,6 +31,9 @@ from experiments.analysis.ngram_replay import (  # noqa: F401  (re-exported: the
     replay_config,
     total,
 )
+from experiments.analysis.runs import run_config
+from experiments.tracking.lifecycle import tracked_run
+from experiments.tracking.records import RecordsError, load_records, run_records
 
 DEFAULT_GRID = {"min_match": [1, 2, 3], "max_match": [2, 3, 4, 5], "k": [1, 2, 4, 6, 8]}
 
@@ -62,13 +63,6 @@ def sequences_from_records(records: list[dict], origin: str) -> list[ReplaySeque
             for i, r in enumerate(ok)]
 
 
-def read_records_file(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise ReplayInputError(f"{path}: not JSON lines ({exc})") from exc
-
-
 @dataclass
 class Source:
     sequences: list[ReplaySequence]
@@ -79,21 +73,19 @@ class Source:
 def load_source(source: str, client) -> Source:
     """A records file (or folder of them) or an MLflow run id whose `records/` artifacts are replayed."""
     path = Path(source)
-    if path.exists():
-        files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-        records = [r for f in files for r in read_records_file(f)]
-        return Source(sequences_from_records(records, str(path)), path.name)
-    from mlflow.exceptions import MlflowException
     try:
-        run = client.get_run(source)
-    except MlflowException as exc:
-        raise ReplayInputError(f"{source!r} is neither a records file nor a run in {client.tracking_uri}") from exc
-    with tempfile.TemporaryDirectory() as tmp:
+        if path.exists():
+            return Source(sequences_from_records(load_records(path), str(path)), path.name)
+        from mlflow.exceptions import MlflowException
         try:
-            local = Path(client.download_artifacts(run.info.run_id, "records", tmp))
-        except (MlflowException, OSError) as exc:
-            raise ReplayInputError(f"run {source} has no records/ artifact to replay") from exc
-        records = [r for f in sorted(local.glob("*.jsonl")) for r in read_records_file(f)]
+            run = client.get_run(source)
+        except MlflowException as exc:
+            raise ReplayInputError(f"{source!r} is neither a records file nor a run in {client.tracking_uri}") from exc
+        records = run_records(client, run.info.run_id)
+    except RecordsError as exc:
+        raise ReplayInputError(f"not JSON lines ({exc})") from exc
+    if records is None:
+        raise ReplayInputError(f"run {source} has no records/ artifact to replay")
     return Source(sequences_from_records(records, f"run {source}"), run.info.run_name or source, run)
 
 
@@ -136,24 +128,28 @@ def replay_workload(seqs: list[ReplaySequence], configs: list[NgramConfig],
 
 
 def engine_config(run) -> tuple[NgramConfig, int] | None:
-    """The n-gram configuration a measured vLLM run served, or None when it was no vLLM n-gram run."""
-    p = run.data.params
-    if p.get("spec.method") != "ngram" or p.get("engine.name") != "vllm":
+    """The n-gram configuration a measured run served, where the replay reproduces its engine's drafter exactly
+    (vLLM's prompt lookup); None for any other run."""
+    config = run_config(run)
+    try:
+        window = config.ngram_window()
+    except ValueError:   # a window setting left to the engine's default: not replayable
         return None
-    cfg = NgramConfig(int(p["spec.ngram.min_match"]), int(p["spec.ngram.max_match"]), int(p["spec.num_draft_tokens"]))
-    return cfg, int(p.get("model.max_model_len") or DEFAULT_MAX_MODEL_LEN)
+    if window is None or not window.exact:
+        return None
+    return NgramConfig(window.min_match, window.max_match, window.k), config.max_model_len or DEFAULT_MAX_MODEL_LEN
 
 
-def sglang_approximation(run) -> NgramConfig | None:
-    """SGLang's NGRAM drafts a BFS tree from a trie over prompts and outputs of all requests (its C++ cache
-    needs a JIT toolchain that does not import on this CPU). Approximated by one prompt-lookup chain per
-    request: matches up to max_trie_depth, the tree's num_draft_tokens - 1 tokens as the chain. A chain sees
-    less than the tree and the shared trie, so the replay is a lower bound; the gap is reported."""
-    p = run.data.params
-    if p.get("spec.method") != "ngram" or p.get("engine.name") != "sglang":
+def approximation(run) -> NgramConfig | None:
+    """The prompt-lookup chain that approximates a run's n-gram drafter where the engine's is not prompt lookup
+    (SGLang's trie, experiments/engines/speculation.py): a lower bound; the gap to the engine is reported."""
+    try:
+        window = run_config(run).ngram_window()
+    except ValueError:
         return None
-    depth = int(p.get("spec.ngram.max_trie_depth") or 18)
-    return NgramConfig(1, depth, max(1, int(p["spec.num_draft_tokens"]) - 1))
+    if window is None or window.exact:
+        return None
+    return NgramConfig(window.min_match, window.max_match, window.k)
 
 
 def agreement(run, result: dict, seqs: list[ReplaySequence]) -> dict[str, float]:
@@ -237,38 +233,51 @@ def log_replay(client, experiment_id: str, source: Source, source_ref: str, conf
                results: dict, engine_cmp: dict[str, float], max_model_len: int) -> str:
     """Created only now, with everything computed: a failure before this point leaves no run behind."""
     import mlflow
-    tags = {"mlflow.runName": f"replay-{source.label}"[:250], "specws.mode": "replay",
-            "specws.replay_of": source_ref}
+    tags = {"specws.mode": "replay", "specws.replay_of": source_ref}
     if source.run is not None:
         for key in ("specws.workload", "specws.model", "specws.site", "specws.option"):
             if key in source.run.data.tags:
                 tags[key] = source.run.data.tags[key]
-    run = client.create_run(experiment_id, tags=tags)
-    rid = run.info.run_id
-    try:
-        grid = {key: sorted({getattr(c, key) for c in configs}) for key in ("min_match", "max_match", "k")}
-        params = {f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()}
-        params |= {"source": source_ref, "max_model_len": str(max_model_len), "requests": str(len(source.sequences))}
-        metrics = dict(engine_cmp)
-        for c, r in results.items():
-            metrics |= {f"{c.label}/{k}": v for k, v in r["total"].metrics().items()
-                        if k in ("accept_length", "acceptance_rate", "tokens_per_step", "steps_with_draft")}
-        best = max(results, key=lambda c: results[c]["total"].metrics()["tokens_per_step"])
-        params |= {"best_config": best.label}
-        metrics["best_tokens_per_step"] = results[best]["total"].metrics()["tokens_per_step"]
-        client.log_batch(rid, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
+    grid = {key: sorted({getattr(c, key) for c in configs}) for key in ("min_match", "max_match", "k")}
+    params = {f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()}
+    params |= {"source": source_ref, "max_model_len": str(max_model_len), "requests": str(len(source.sequences))}
+    metrics = dict(engine_cmp)
+    for c, r in results.items():
+        metrics |= {f"{c.label}/{k}": v for k, v in r["total"].metrics().items()
+                    if k in ("accept_length", "acceptance_rate", "tokens_per_step", "steps_with_draft")}
+    best = max(results, key=lambda c: results[c]["total"].metrics()["tokens_per_step"])
+    params |= {"best_config": best.label}
+    metrics["best_tokens_per_step"] = results[best]["total"].metrics()["tokens_per_step"]
+    with tracked_run(client, experiment_id, f"replay-{source.label}"[:250], tags, params) as run:
         items = [mlflow.entities.Metric(k, float(v), 0, 0) for k, v in metrics.items()]
         for i in range(0, len(items), 500):
-            client.log_batch(rid, metrics=items[i: i + 500])
-        client.log_dict(rid, to_json(results), "replay.json")
-        client.log_figure(rid, heatmap(results), "plots/replay_heatmap.png")
-        client.set_terminated(rid, "FINISHED")
-        if source.run is not None:  # the link both ways: the measured run names its latest replay
-            client.set_tag(source.run.info.run_id, "specws.last_replay_run_id", rid)
-    except BaseException:
-        client.set_terminated(rid, "FAILED")
-        raise
-    return rid
+            client.log_batch(run.id, metrics=items[i: i + 500])
+        client.log_dict(run.id, to_json(results), "replay.json")
+        client.log_figure(run.id, heatmap(results), "plots/replay_heatmap.png")
+    if source.run is not None:  # the link both ways: the measured run names its latest replay
+        client.set_tag(source.run.info.run_id, "specws.last_replay_run_id", run.id)
+    return run.id
+
+
+def engine_comparison(source: Source, results: dict, served: NgramConfig | None, approx: NgramConfig | None,
+                      max_model_len: int, console) -> dict[str, float]:
+    """The replay against what the source run's engine counted: the served configuration's agreement, or the
+    approximation's tokens per step against the engine's accept length."""
+    engine_cmp: dict[str, float] = {}
+    if served:
+        res = results[served] | {"config": served, "max_model_len": max_model_len}
+        engine_cmp = agreement(source.run, res, source.sequences)
+        console.print(f"engine config {served.label}: " + ", ".join(f"{k}={v:.4g}" for k, v in engine_cmp.items()),
+                      soft_wrap=True)
+    if approx and "accept_length" in source.run.data.metrics:
+        # SGLang's accept length counts every verify step: compare with tokens per decode step
+        replayed = results[approx]["total"].metrics()["tokens_per_step"]
+        measured = source.run.data.metrics["accept_length"]
+        engine_cmp = {"sglang_approx_tokens_per_step": replayed, "engine_accept_length": measured,
+                      "sglang_approx_rel_error": abs(replayed - measured) / measured}
+        console.print(f"SGLang NGRAM approximated by {approx.label}: replay {replayed:.3f} tokens/step vs engine "
+                      f"accept length {measured:.3f}")
+    return engine_cmp
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,24 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     max_model_len = args.max_model_len or (served[1] if served else DEFAULT_MAX_MODEL_LEN)
     if served and served[0] not in configs:
         configs.append(served[0])
-    approx = sglang_approximation(source.run) if source.run is not None else None
+    approx = approximation(source.run) if source.run is not None else None
     if approx and approx not in configs:
         configs.append(approx)
     results = replay_workload(source.sequences, configs, max_model_len)
-    engine_cmp: dict[str, float] = {}
-    if served:
-        res = results[served[0]] | {"config": served[0], "max_model_len": max_model_len}
-        engine_cmp = agreement(source.run, res, source.sequences)
-        console.print(f"engine config {served[0].label}: " + ", ".join(f"{k}={v:.4g}" for k, v in engine_cmp.items()),
-                      soft_wrap=True)
-    if approx and "accept_length" in source.run.data.metrics:
-        # SGLang's accept length counts every verify step: compare with tokens per decode step
-        replayed = results[approx]["total"].metrics()["tokens_per_step"]
-        measured = source.run.data.metrics["accept_length"]
-        engine_cmp = {"sglang_approx_tokens_per_step": replayed, "engine_accept_length": measured,
-                      "sglang_approx_rel_error": abs(replayed - measured) / measured}
-        console.print(f"SGLang NGRAM approximated by {approx.label}: replay {replayed:.3f} tokens/step vs engine "
-                      f"accept length {measured:.3f}")
+    engine_cmp = engine_comparison(source, results, served[0] if served else None, approx, max_model_len, console)
     for c in sorted(results, key=lambda c: -results[c]["total"].metrics()["tokens_per_step"])[:10]:
         m = results[c]["total"].metrics()
         console.print(f"{c.label:>20}: accept_length={m.get('accept_length', float('nan')):.3f} "

@@ -22,7 +22,6 @@ import argparse
 import io
 import os
 import sys
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,9 +32,12 @@ from scipy import stats
 
 from experiments.analysis.categories import ALL, accept_length_of, acceptor, category_rows
 from experiments.analysis.report_html import page
-from experiments.harness.contamination import check_contamination
-from experiments.analysis.speedup.model import PredictionUnavailable, levels_of, predict_run
+from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.fit import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
+from experiments.analysis.speedup.model import PredictionUnavailable, levels_of, predict_run
+from experiments.harness.contamination import check_contamination
+from experiments.tracking.lifecycle import tracked_run
+from experiments.tracking.records import run_records
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 CONTAMINATED = "contaminated — not a verdict"
@@ -95,23 +97,18 @@ class OptionSeries:
 
 
 def config_key(run) -> tuple[str, str]:
-    p, t = run.data.params, run.data.tags
-    method = p.get("spec.method", "none")
-    window = (p.get("spec.ngram.min_match"), p.get("spec.ngram.max_match"))
-    match = f" match {window[0]}-{window[1]}" if None not in window and "None" not in window else ""
-    detail = {"ngram": f"k={p.get('spec.num_draft_tokens')}{match}",
-              "eagle3": f"steps={p.get('spec.num_steps')} topk={p.get('spec.topk')}"}.get(method, "")
-    return f"{t.get('specws.option')} {method} {detail}".strip(), t.get("specws.workload", "?")
+    config = run_config(run)
+    spec = config.spec
+    window = (spec.ngram.get("min_match"), spec.ngram.get("max_match"))
+    match = f" match {window[0]}-{window[1]}" if None not in window else ""
+    detail = {"ngram": f"k={spec.num_draft_tokens}{match}",
+              "eagle3": f"steps={spec.num_steps} topk={spec.topk}"}.get(spec.method, "")
+    return f"{config.option} {spec.method} {detail}".strip(), config.workload or "?"
 
 
 def records_of(client, run_id: str) -> list[dict]:
-    from experiments.harness.client import load_records
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = Path(client.download_artifacts(run_id, "records", tmp))
-        except Exception:  # noqa: BLE001 - a run without records gets no request-level interval
-            return []
-        return [r for f in sorted(local.glob("*.jsonl")) for r in load_records(f)]
+    """A run's records; none for a run without them (it gets no request-level interval)."""
+    return run_records(client, run_id) or []
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
@@ -138,8 +135,7 @@ def select_runs(client, target: str, since_ms: int | None = None) -> tuple[list,
                               max_results=5000)
     chosen = [r for r in runs if (parent is None or r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
               and (since_ms is None or r.info.start_time >= since_ms)]
-    options = [r for r in chosen if r.data.params.get("spec.method", "none") != "none"
-               and r.data.tags.get("specws.baseline_run_id")]
+    options = [r for r in chosen if run_config(r).spec.speculative and r.data.tags.get("specws.baseline_run_id")]
     if not options:
         since = "" if since_ms is None else f" started since {_iso(since_ms)}"
         raise ReportInputError(f"{target}: no finished speculative run with a paired baseline{since} to report on")
@@ -158,14 +154,10 @@ class Records:
         return self.cache[run_id]
 
 
-def _engine(run) -> str:
-    return run.data.tags.get("specws.engine") or run.data.params.get("engine.name", "?")
-
-
 def _acceptor(run):
     """The run's engine's per-request acceptance; an engine the workspace does not know reports none."""
     try:
-        return acceptor(_engine(run))
+        return acceptor(run_config(run).engine)
     except ValueError:
         return lambda record: None
 
@@ -234,8 +226,7 @@ def _series(label: str, workload: str, runs: list, by_id: dict, records: Records
 def build_series(client, options: list, all_runs: list) -> list[OptionSeries]:
     by_id = {r.info.run_id: r for r in all_runs}
     ngram = ngram_sources(client, options)
-    slopes = probe_slopes(ngram_sources(client, [r for r in all_runs
-                                                 if r.data.params.get("spec.method") == "ngram"]))
+    slopes = probe_slopes(ngram_sources(client, [r for r in all_runs if run_config(r).spec.method == "ngram"]))
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for run in options:
         if run.data.tags["specws.baseline_run_id"] in by_id:
@@ -256,7 +247,7 @@ def _prediction(run, base, ngram: dict, slopes: dict) -> dict:
         return logged
     replayed = replayed_tokens_per_step(*ngram[run.info.run_id]) if run.info.run_id in ngram else None
     try:
-        return predict_run(run.data.metrics, run.data.params, base.data.metrics, tokens_per_step=replayed,
+        return predict_run(run.data.metrics, run_config(run), base.data.metrics, tokens_per_step=replayed,
                            b_tok_ms=probe_b_tok(slopes, exclude=run.info.run_id))
     except PredictionUnavailable:
         return {}
@@ -324,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")
     ap.add_argument("--since", type=_since_ms, default=None, metavar="ISO-TIME",
-                    help="only runs started at or after this UTC time, e.g. 2026-11-30T21:00 (one session's runs)")
+                    help="only runs started at or after this UTC time, e.g. 2026-11-30T21:00 (one lease's runs)")
     args = ap.parse_args(argv)
     console = Console(stderr=True)
     mlflow.set_tracking_uri(args.tracking_uri)
@@ -346,20 +337,24 @@ def main(argv: list[str] | None = None) -> int:
     png_path, html_path = args.out / f"report-{stem}.png", args.out / f"report-{stem}.html"
     png_path.write_bytes(buf.getvalue())
     html_path.write_text(page(series, buf.getvalue(), title))
-    run_id = parent.info.run_id if parent is not None else client.create_run(
-        exp_id, tags={"mlflow.runName": f"report-{stem}"[:250], "specws.mode": "report"}).info.run_id
-    client.log_artifact(run_id, str(html_path), "report")
-    client.log_artifact(run_id, str(png_path), "report")
-    client.log_dict(run_id, {f"{s.label} | {s.workload}": {
+    verdicts = {f"{s.label} | {s.workload}": {
         "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,
-        "points": {c: vars(p) for c, p in s.points.items()}, "categories": s.categories} for s in series},
-        "report/verdicts.json")
-    if parent is None:
-        client.set_terminated(run_id, "FINISHED")
+        "points": {c: vars(p) for c, p in s.points.items()}, "categories": s.categories} for s in series}
+    if parent is not None:  # a sweep's report goes onto its parent run
+        _log_report(client, parent.info.run_id, html_path, png_path, verdicts)
+    else:
+        with tracked_run(client, exp_id, f"report-{stem}"[:250], {"specws.mode": "report"}) as run:
+            _log_report(client, run.id, html_path, png_path, verdicts)
     for s in series:
         console.print(f"[bold]{s.label}[/] on {s.workload}: {s.verdict()}", soft_wrap=True)
     print(html_path)
     return 0
+
+
+def _log_report(client, run_id: str, html_path: Path, png_path: Path, verdicts: dict) -> None:
+    client.log_artifact(run_id, str(html_path), "report")
+    client.log_artifact(run_id, str(png_path), "report")
+    client.log_dict(run_id, verdicts, "report/verdicts.json")
 
 
 if __name__ == "__main__":

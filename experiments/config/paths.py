@@ -15,6 +15,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECWS_CACHE", ROOT / ".cache")).resolve()
 
 
+def _largest(xs) -> int:
+    """The largest of a list of levels, or a single level given as a scalar."""
+    return max(int(x) for x in (xs if isinstance(xs, list | tuple) or OmegaConf.is_list(xs) else [xs]))
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ws.cache"):
         OmegaConf.register_new_resolver("ws.cache", lambda rel="": str(cache_dir() / rel))
@@ -23,7 +28,7 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ws.add"):  # e.g. EAGLE draft tokens = steps + 1 (conf/option/C.yaml)
         OmegaConf.register_new_resolver("ws.add", lambda *xs: sum(int(x) for x in xs))
     if not OmegaConf.has_resolver("ws.max"):  # e.g. the largest concurrency level (conf/config.yaml limits)
-        OmegaConf.register_new_resolver("ws.max", lambda xs: max(int(x) for x in xs))
+        OmegaConf.register_new_resolver("ws.max", _largest)
 
 
 register_resolvers()

@@ -7,8 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from experiments.eagle3.train import train_head
 from experiments.config.paths import cache_dir
+from experiments.eagle3.train import train_head
 
 
 def main(argv: list[str] | None = None) -> int:

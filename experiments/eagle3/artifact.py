@@ -7,8 +7,8 @@ The artifact is the vLLM-layout folder only (config.json, model.safetensors in b
 was trained); `install` writes `<cache>/eagle3/heads/smollm2_135m` and its SGLang sibling (aux ids − 1). `install`
 leaves an existing head alone unless --force or it is an earlier committed head it installed itself. The committed
 head was trained on an H200 (`experiments.eagle3.gpu`, 16,384 template + 24,576 self-written prompts, 2,026 steps;
-docs/option-d.md §9); `+option=D` trains into `<cache>/eagle3/heads/smollm2_135m-option-d` and `publish` promotes
-a head that measures better.
+docs/journal/2026-11-30-cpu/option-d.md §9); `+option=D` trains into `<cache>/eagle3/heads/smollm2_135m-option-d`
+and `publish` promotes a head that measures better.
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from experiments.tracking.records import read_jsonl
+
 CORPUS_VERSION = 2          # 2: more topics, everyday advice / recipes / reasoning, answer-style modifiers
 
 TOPICS = [
@@ -218,8 +220,8 @@ KINDS = ["explain", "explain", "list", "advice", "write", "grounded", "math", "c
 def serving_prompts() -> set[str]:
     """Every user message of the serving prompt sets (experiments/prompt_sets): never a training prompt."""
     folder = Path(__file__).resolve().parents[1] / "prompt_sets"
-    return {m["content"] for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()
-            if line.strip() for m in json.loads(line).get("messages", []) if m.get("role") == "user"}
+    return {m["content"] for f in sorted(folder.glob("*.jsonl")) for row in read_jsonl(f)
+            for m in row.get("messages", []) if m.get("role") == "user"}
 
 
 def build_prompts(n: int, seed: int) -> list[dict]:
@@ -367,4 +369,4 @@ def generate_responses(s: DataSettings, progress: Callable[[str], None] = print)
 
 
 def load_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)

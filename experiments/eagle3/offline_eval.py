@@ -15,13 +15,15 @@ from pathlib import Path
 
 import torch
 
+from experiments.tracking.records import read_jsonl
+
 PROMPT_SETS = Path(__file__).resolve().parents[1] / "prompt_sets"
 
 
 def prompt_rows(name: str, tok) -> list[dict]:
     from experiments.eagle3.data import chat_ids
 
-    rows = [json.loads(line) for line in (PROMPT_SETS / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(PROMPT_SETS / f"{name}.jsonl")
     return [{"id": str(r.get("id", i)), "kind": name, "prompt_ids": chat_ids(tok, r["messages"])}
             for i, r in enumerate(rows)]
 

@@ -308,10 +308,10 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     features are then computed there too). Returns the final metrics."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from experiments.config.paths import cache_dir
     from experiments.eagle3.data import DataSettings
     from experiments.eagle3.export import export_head
     from experiments.eagle3.features import FeatureSettings, build_features
-    from experiments.config.paths import cache_dir
 
     device = resolve_device(device)
     if device == "cpu":

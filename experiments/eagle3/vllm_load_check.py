@@ -7,18 +7,17 @@ config.json with vLLM's config classes), a one-process gloo "distributed" group,
 proposer's `get_model(draft config)` — the draft load config, `create_model` (Eagle3LlamaForCausalLM) and
 the loader's `load_weights`, which refuses parameters the checkpoint leaves unset — a comparison of every
 checkpoint tensor with the parameter it landed in (q/k/v and gate/up stacked, d2t → draft_id_to_target_id),
-and vLLM-CPU's weight post-processing. Standalone on purpose: it imports only vLLM, torch and safetensors.
+and vLLM-CPU's weight post-processing. Standalone on purpose: besides vLLM, torch and
+safetensors it imports only the workspace's standard-library port helper.
 """
 import contextlib
 import json
-import socket
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script by vLLM's interpreter
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from experiments.harness.ports import free_port  # noqa: E402
 
 
 def check(target: str, head: str) -> dict:
@@ -55,7 +54,7 @@ def check(target: str, head: str) -> dict:
     _set_torch_accelerator_to_noop()            # what vLLM's CPU model runner does before loading
     with set_current_vllm_config(vc):
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
         initialize_model_parallel(1, 1)
         # the steps of the proposer's get_model(), with the comparison before the CPU weight repacking
         loader = get_model_loader(get_draft_load_config(vc))

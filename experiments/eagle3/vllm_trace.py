@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from experiments.tracking.records import read_jsonl
+
 
 def record(target: str, head: str, prompts: list[list[int]], steps: int, max_tokens: int) -> list[dict]:
     """Run vLLM offline on `prompts` (token ids) and return, per proposer call, the inputs and draft tokens."""
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a.target)
-    rows = [json.loads(line) for line in Path(a.prompt_set).read_text().splitlines() if line.strip()][: a.prompts]
+    rows = read_jsonl(a.prompt_set)[: a.prompts]
     prompts = []
     for r in rows:
         ids = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True)

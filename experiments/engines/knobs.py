@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.engines import adapter_for
 from experiments.config.paths import ROOT
+from experiments.engines import adapter_for
 
 OPTIONS = ROOT / "conf" / "option"
 

@@ -2,7 +2,7 @@
 command line is rewritten for the SGLang installed in the interpreter that will serve it.
 
 Each rename was read in the releases' own `python/sglang/srt/server_args.py` (wheels 0.5.6, 0.5.8, 0.5.9,
-0.5.10, 0.5.12, 0.5.13, 0.5.14, 0.5.23); docs/sglang-versions.md lists what was found where.
+0.5.10, 0.5.12, 0.5.13, 0.5.14, 0.5.23); docs/reference/sglang-versions.md lists what was found where.
 """
 from __future__ import annotations
 

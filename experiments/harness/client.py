@@ -24,9 +24,9 @@ except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
     parse_json, dump_json = json.loads, json.dumps
 
 from experiments.engines.base import EngineAdapter
+from experiments.harness.server import Server
 from experiments.harness.workloads.formats import Conversation
 from experiments.harness.workloads.sampling import VisitPlan
-from experiments.harness.server import Server
 
 
 @dataclass
@@ -235,7 +235,3 @@ def fixed_prompts(token_ids: dict[str, list[int]], category: str = "all") -> tup
     """Prompts given as token ids (benchmarks, tests): one-turn conversations and the render that sends them."""
     convs = [Conversation(pid, category, (), (), "", "given") for pid in token_ids]
     return convs, lambda conv, turn, answers: list(token_ids[conv.id])
-
-
-def load_records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

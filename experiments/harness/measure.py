@@ -9,36 +9,26 @@ from typing import TYPE_CHECKING
 
 import httpx
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 
-from experiments.tracking import plots
-from experiments.harness.client import RequestSettings, WorkloadRunner, load_records
 from experiments.engines import adapter_for, limits_mismatch
 from experiments.engines.base import Validation
-from experiments.harness.prepare import PreparedWorkload
-from experiments.harness.launch import LaunchSpec
 from experiments.harness.baseline import LIMIT_PARAM, PairingRefused, compare_greedy, compare_sampled, speedups
+from experiments.harness.client import RequestSettings, WorkloadRunner
+from experiments.harness.launch import LaunchSpec
+from experiments.harness.prepare import PreparedWorkload
 from experiments.harness.server import POOL
 from experiments.harness.summary import summarize
-from experiments.tracking.store import Metric, flatten, log_params, run_records, run_tags
+from experiments.tracking import plots
+from experiments.tracking.records import load_records, run_records
+from experiments.tracking.store import Metric, log_params
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
 
 console = Console(stderr=True)
-
-
-def start_run(client: MlflowClient, exp_id: str, cfg: DictConfig, name: str, engine_version: str,
-              mode: str, key: str, parent_id: str | None) -> str:
-    tags = run_tags(cfg, engine_version, mode) | {"specws.pair_key": key, "mlflow.runName": name}
-    tags |= {k: str(v) for k, v in (cfg.run.get("tags") or {}).items()}
-    if parent_id:
-        tags["mlflow.parentRunId"] = parent_id
-    run = client.create_run(exp_id, run_name=name, tags=tags)
-    log_params(client, run.info.run_id, flatten(cfg))
-    return run.info.run_id
 
 
 def log_common_artifacts(client: MlflowClient, run_id: str, spec: LaunchSpec) -> None:
@@ -90,9 +80,8 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
                                              cfg))
             else:
                 metrics.update(_sampled_check(client, run_id, baseline, records_path))
-            metrics.update(_predicted(client, run_id, cfg, metrics, bm, summary, records_path))
-        elif cfg.spec.method != "none":
-            client.set_tag(run_id, "specws.prediction", "not predicted: no paired baseline")
+        # per level, for the post-run prediction (experiments/analysis/predict.py), which reads them back
+        metrics.update({f"spec_drafts_c{c}": float(a.drafts) for c, a in summary.acceptance_per_level.items()})
         tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
         client.log_figure(run_id, plots.throughput_vs_concurrency(tok_s, base_tok_s, cfg.option.name),
                           "plots/throughput_vs_concurrency.png")
@@ -174,24 +163,6 @@ def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, ada
     return metrics
 
 
-def _predicted(client, run_id: str, cfg: DictConfig, metrics: dict, base: dict, summary, records_path: Path) -> dict:
-    """The speedup model's `predicted_*` next to the measured metrics; a model that cannot predict leaves
-    a tag saying why and never fails the run."""
-    if cfg.spec.method == "none":
-        return {}
-    try:
-        from experiments.analysis.speedup.fit import predict_live
-        drafts = {c: float(a.drafts) for c, a in summary.acceptance_per_level.items()}
-        records = load_records(records_path) if records_path.exists() else []
-        predicted, note = predict_live(client, client.get_run(run_id).info.experiment_id, run_id, metrics,
-                                       flatten(cfg), base, drafts, records)
-        client.set_tag(run_id, "specws.prediction", note[:5000])
-        return predicted
-    except Exception as exc:  # noqa: BLE001 - the measurement stands without its prediction
-        client.set_tag(run_id, "specws.prediction", f"not predicted: {type(exc).__name__}: {exc}"[:5000])
-        return {}
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -201,11 +172,3 @@ def _report(cfg: DictConfig, metrics: dict[str, float]) -> None:
             "greedy_exact_match", "greedy_near_ties", "greedy_real_divergences", "ttft_p50_ms", "itl_p50_ms"]
     shown = ", ".join(f"{k}={metrics[k]:.3g}" for k in keys if k in metrics)
     console.print(f"[bold green]{cfg.option.name}[/] on {cfg.workload.name}: {shown}")
-
-
-def baseline_cfg(cfg: DictConfig) -> DictConfig:
-    """The same experiment without speculation."""
-    base = OmegaConf.to_container(cfg, resolve=False)
-    base["option"] = {"name": "baseline", "title": "no speculation", "engine": None, "missing": None}
-    base["spec"] = {**base["spec"], "method": "none"}
-    return OmegaConf.create(base)

@@ -1,5 +1,5 @@
-"""Free local ports for engine servers. Standard library only: experiments/moe/h200_serve.py runs with the H200
-host's bare python3 and uses it too."""
+"""Free local ports: the workspace's only port helper (servers, vLLM's one-process distributed group, tests).
+Standard library only: experiments/eagle3/vllm_load_check.py imports it inside vLLM's interpreter."""
 from __future__ import annotations
 
 import random

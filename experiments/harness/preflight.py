@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.engines.knobs import refuse_unused_knobs
 from sglang_patches import UnknownPatch, resolve
@@ -19,8 +19,8 @@ def check_option(cfg: DictConfig) -> None:
         raise Refused("choose an experiment with +option=X, X one of baseline, A, B, C, D, E "
                       "(conf/option/)")
     opt = cfg.option
-    if opt.missing:
-        raise Refused(f"option {opt.name} ({opt.title}) cannot run yet: {opt.missing}")
+    if not OmegaConf.select(opt, "runner._target_"):
+        raise Refused(f"option {opt.name} names no runner (option.runner._target_ in conf/option/{opt.name}.yaml)")
     site_engines = list(cfg.site.engines)
     if opt.engine and opt.engine not in site_engines:
         alt = opt.get("alternative")
@@ -39,7 +39,7 @@ def check_option(cfg: DictConfig) -> None:
     if cfg.spec.method == "eagle3" and not cfg.spec.draft_model:
         raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {cfg.model.name}, and none is "
                       f"configured (model.drafters.eagle3 is empty): train one with +option=D "
-                      f"(issue 3) or set spec.draft_model=/path/to/head")
+                      f"or set spec.draft_model=/path/to/head")
 
 
 def check_patches(cfg: DictConfig) -> None:

@@ -51,7 +51,11 @@ class VisitLog:
 
 
 class Server:
-    def __init__(self, spec: LaunchSpec, log_path: Path):
+    """The one owner of a server process: the command line of a LaunchSpec (an engine, the loopback test server,
+    a benchmark's peer) started in its own process group on a free port, its output in `log_path`, healthy
+    before `start` returns, the whole group stopped by `stop`."""
+
+    def __init__(self, spec: LaunchSpec, log_path: Path) -> None:
         self.spec = spec
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
@@ -61,20 +65,21 @@ class Server:
     def base_url(self) -> str:
         return f"http://{self.spec.host}:{self.spec.port}"
 
-    def start(self, timeout_s: float, preferred_port: int | None = None, attempts: int = 3) -> None:
-        """Start and wait for health; a port lost to another process between choice and bind is
-        replaced by a fresh free port."""
+    def start(self, timeout_s: float, preferred_port: int | None = None, attempts: int = 3,
+              health_poll_s: float = 1.0) -> None:
+        """Start and wait for health (asked every `health_poll_s`); a port lost to another process between
+        choice and bind is replaced by a fresh free port."""
         for attempt in range(attempts):
             self.spec.port = free_port(preferred_port if attempt == 0 else None, self.spec.host)
             try:
-                self._start_once(timeout_s)
+                self._start_once(timeout_s, health_poll_s)
                 return
             except EngineStartError as exc:
                 if attempt + 1 < attempts and any(s in str(exc).lower() for s in PORT_IN_USE):
                     continue
                 raise
 
-    def _start_once(self, timeout_s: float) -> None:
+    def _start_once(self, timeout_s: float, health_poll_s: float) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         log.write(f"$ {' '.join(self.spec.argv)}\n".encode())
@@ -84,12 +89,12 @@ class Server:
                                      start_new_session=True)  # own process group: killed as a whole
         log.close()
         try:
-            self._await_health(timeout_s)
+            self._await_health(timeout_s, health_poll_s)
         except BaseException:  # Ctrl-C / SIGTERM while starting: leave nothing behind
             self.stop()
             raise
 
-    def _await_health(self, timeout_s: float) -> None:
+    def _await_health(self, timeout_s: float, poll_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
@@ -103,7 +108,7 @@ class Server:
                         return
                 except httpx.HTTPError:
                     pass
-                time.sleep(1.0)
+                time.sleep(poll_s)
         raise EngineStartError(f"{self.spec.engine} server not healthy after {timeout_s:.0f} s. "
                                f"Server log ({self.log_path}) ends with:\n{log_tail(self.log_path)}")
 

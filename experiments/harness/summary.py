@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from experiments.harness.client import LevelResult
 from experiments.engines.base import Acceptance, EngineAdapter, merge_acceptance
+from experiments.harness.client import LevelResult
 
 PERCENTILES = (50, 90, 99)
 

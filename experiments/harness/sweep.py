@@ -6,18 +6,25 @@ import atexit
 import os
 from typing import Any
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.tracking.lifecycle import TrackedRun, tracked_run
 from experiments.tracking.store import PARENT_ENV, git_commit, setup
 
 SWEEP_KEYS_PREFERRED = ("spec.", "workload.")
 
 
 class SweepCallback(Callback):
+    """The parent run lives from the first job to the last; a failed job fails it, a sweep that ends without
+    reaching on_multirun_end (Ctrl-C, crash) leaves it KILLED, or FAILED when a job had failed."""
+
     def __init__(self) -> None:
-        self.parent_id: str | None = None
+        self.parent: TrackedRun | None = None
+        self._run_cm = None
+        self.failed_jobs = 0
         self.client = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -25,43 +32,57 @@ class SweepCallback(Callback):
             return
         self.client, exp_id = setup(config)
         overrides = " ".join(config.hydra.overrides.task)
-        run = self.client.create_run(exp_id, run_name=f"sweep-{config.option.name}", tags={
+        self._run_cm = tracked_run(self.client, exp_id, f"sweep-{config.option.name}", {
             "specws.sweep": "parent", "specws.option": config.option.name,
             "specws.site": config.site.name, "specws.sweep_overrides": overrides, "git.commit": git_commit()})
-        self.parent_id = run.info.run_id
-        os.environ[PARENT_ENV] = self.parent_id
+        self.parent = self._run_cm.__enter__()
+        os.environ[PARENT_ENV] = self.parent.id
         atexit.register(self._abandon)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if job_return.status == JobStatus.FAILED:
+            self.failed_jobs += 1
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from experiments.harness.server import POOL
 
         POOL.close_all()
-        if self.parent_id is None:
+        if self.parent is None:
             return
         children = self.client.search_runs(
-            [self.client.get_run(self.parent_id).info.experiment_id],
-            filter_string=f"tags.`mlflow.parentRunId` = '{self.parent_id}'")
-        measured = [r for r in children if r.data.tags.get("specws.option") != "baseline"
+            [self.client.get_run(self.parent.id).info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{self.parent.id}'")
+        self._log_sweep(children)
+        failed = [r for r in children if r.info.status != "FINISHED"]
+        self.client.set_tag(self.parent.id, "specws.children", str(len(children)))
+        if failed or self.failed_jobs:
+            self.parent.finish_as("FAILED", f"{max(len(failed), self.failed_jobs)} of the sweep's runs failed")
+        self._close(None)
+
+    def _log_sweep(self, children: list) -> None:
+        measured = [r for r in children if r.data.tags.get("specws.spec_method", "none") != "none"
                     and r.info.status == "FINISHED" and r.data.tags.get("specws.mode") == "measure"]
         param = swept_param([r.data.params for r in measured])
         if param and measured:
             from experiments.tracking.plots import sweep_figure
 
             rows = [{"x": _num(r.data.params[param]), **r.data.metrics} for r in measured]
-            self.client.log_figure(self.parent_id, sweep_figure(param, rows), "plots/sweep.png")
-            self.client.log_dict(self.parent_id, rows, "sweep.json")
-            self.client.set_tag(self.parent_id, "specws.swept_param", param)
-        failed = [r for r in children if r.info.status != "FINISHED"]
-        self.client.set_tag(self.parent_id, "specws.children", str(len(children)))
-        self.client.set_terminated(self.parent_id, "FAILED" if failed else "FINISHED")
-        self.parent_id = None
+            self.client.log_figure(self.parent.id, sweep_figure(param, rows), "plots/sweep.png")
+            self.client.log_dict(self.parent.id, rows, "sweep.json")
+            self.client.set_tag(self.parent.id, "specws.swept_param", param)
+
+    def _close(self, exc: BaseException | None) -> None:
+        cm, self._run_cm, self.parent = self._run_cm, None, None
         os.environ.pop(PARENT_ENV, None)
+        if cm is not None:
+            cm.__exit__(type(exc) if exc else None, exc, None)
 
     def _abandon(self) -> None:
-        """The sweep ended without on_multirun_end (Ctrl-C, crash): mark the parent KILLED."""
-        if self.parent_id is not None:
-            self.client.set_terminated(self.parent_id, "KILLED")
-            self.parent_id = None
+        """The sweep ended without on_multirun_end: a failed job (Hydra stops the sweep by raising it) fails the
+        parent; otherwise the sweep was interrupted."""
+        if self.parent is not None:
+            self._close(RuntimeError(f"{self.failed_jobs} sweep job(s) failed") if self.failed_jobs
+                        else KeyboardInterrupt("the sweep ended before its last job"))
 
 
 def swept_param(params: list[dict[str, str]]) -> str | None:

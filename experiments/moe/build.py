@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from experiments.config.paths import cache_dir
 from experiments.moe.model import (
     ENGINE_CONFIG_FIELDS,
     TinyMoeShape,
@@ -34,7 +35,6 @@ from experiments.moe.model import (
     routing_hooks,
     smollm2_dir,
 )
-from experiments.config.paths import cache_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

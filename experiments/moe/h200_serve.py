@@ -1,17 +1,19 @@
 """Serve the small MoE with SGLang on the H200 host and measure expert telemetry and the MoE-Spec budget.
 
-Standard library only (runs with the host's python3, SGLang 0.5.14 on PYTHONPATH, no mlflow/hydra):
+Runs with the host's python3 and the offline bundle on PYTHONPATH (SGLang 0.5.14, Hydra; no mlflow):
 
     python3 -m experiments.moe.h200_serve --model DIR --out $OUT --phase decode|ngram|graphs [--ks 2,4,8]
 
-Every server goes through the workspace launcher (`python -m sglang_patches.launch`), which applies the
-named patches in SGLang's spawned processes too.
-- `decode`: no speculation, `expert_telemetry`, no CUDA graphs; every prompt greedy at concurrency 1, 4, 8:
-  the reference outputs and decode-step expert counts.
-- `ngram`: per k in --ks, NGRAM with k draft tokens (`--speculative-num-draft-tokens k+1`, chain drafts:
+Every server is the ordinary runner's: the config composed for `site=h200 model=tiny_moe_dsv3` and an option,
+its command line built by `harness.launch` (the site's SGLang flags, the engine adapter's model, speculation
+and limit flags, the launcher `python -m sglang_patches.launch` applying the named patches in SGLang's
+spawned processes too), started, health-checked and stopped by `harness.server.Server`.
+- `decode`: baseline (no speculation) + `spec.moe_telemetry` (`expert_telemetry`), no CUDA graphs; every
+  prompt greedy at concurrency 1, 4, 8: the reference outputs and decode-step expert counts.
+- `ngram`: option E per k in --ks, NGRAM with k draft tokens (`spec.num_draft_tokens` = k+1, chain drafts:
   bfs breadth 1), `moe_budget` + `expert_telemetry`, no CUDA graphs; B is set through a file between passes
   (budget grid --budgets, the first being the number of experts = unbudgeted) at each concurrency.
-- `graphs`: tok/s with CUDA graphs: NGRAM with --graph-k draft tokens, one server per B (`moe_budget` only).
+- `graphs`: tok/s with CUDA graphs: option E with --graph-k draft tokens, one server per B (`moe_budget` only).
 Results: $OUT/<phase>.json (per pass: outputs, per-request accept length, tok/s, telemetry summary) and the
 raw telemetry lines under $OUT/<phase>-telemetry/. A failing server is recorded with its log tail, and the
 phase goes on with the next configuration.
@@ -22,79 +24,52 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from experiments.harness.ports import free_port
+import httpx
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.config.paths import ROOT
+from experiments.harness.launch import LaunchSpec, build_launch_spec
+from experiments.harness.server import Server
+from sglang_patches.moe_budget import BUDGET_FILE_ENV
+
 PROMPTS = Path(__file__).with_name("prompts.json")
-H200_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-             "--mem-fraction-static", "0.35", "--cuda-graph-max-bs-decode", "8", "--context-length", "2048"]
+STARTUP_TIMEOUT_S = 400
+NO_GRAPHS = ["--disable-cuda-graph"]   # telemetry counts synchronise; graph replays run no Python
+# chain drafts: one continuation per step, so a verify forward carries bs * (k+1) tokens
+NGRAM_CHAIN = {"ngram.min_bfs_breadth": 1, "ngram.max_bfs_breadth": 1, "ngram.max_trie_depth": 18}
 
 
-def ngram_args(k: int) -> list[str]:
-    return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1),
-            "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1",
-            "--speculative-ngram-max-trie-depth", "18"]
+def launch_spec(a: argparse.Namespace, option: str, spec: dict, extra_args: list[str]) -> LaunchSpec:
+    """The server for `+option=<option>` on the H200 site with the small MoE at `a.model`, `spec` settings
+    (dotted keys under spec.) and `extra_args` on top; its engine limits sized for `a.concurrency`."""
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=["site=h200", "model=tiny_moe_dsv3", f"+option={option}"])
+    cfg.model.path = str(a.model)
+    cfg.workload.concurrency = list(a.concurrency)
+    cfg.engine.extra_args = list(extra_args)
+    for key, value in spec.items():
+        OmegaConf.update(cfg, f"spec.{key}", value, force_add=True)
+    return build_launch_spec(cfg)
 
 
-class Server:
-    """One SGLang server via the patch launcher; torn down on exit."""
+def telemetry_spec(folder: Path) -> dict:
+    return {"moe_telemetry": True, "moe_telemetry_dir": str(folder.resolve())}
 
-    def __init__(self, model: str, args: list[str], patches: list[str], env: dict[str, str], log: Path):
-        self.port = free_port()
-        self.log = log
-        full_env = {**os.environ, **env, "SPECWS_SGLANG_PATCHES": ",".join(patches), "SPECWS_SITE": "h200",
-                    "HF_HUB_OFFLINE": "1",
-                    "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        cmd = [sys.executable, "-m", "sglang_patches.launch", "--model-path", model, "--host", "127.0.0.1",
-               "--port", str(self.port), *H200_ARGS, *args]
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=full_env,
-                                     start_new_session=True, cwd=ROOT)
 
-    def wait_healthy(self, timeout: float = 400) -> float:
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.time() - t0
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(2)
-        raise RuntimeError(f"server not healthy after {timeout}s: {self.tail()}")
-
-    def tail(self, n: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
-
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
-        body = json.dumps({"input_ids": input_ids, "sampling_params": {
-            "max_new_tokens": max_new_tokens, "temperature": 0.0}}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/generate", data=body,
-                                     headers={"Content-Type": "application/json"})
-        t0 = time.time()
-        with urllib.request.urlopen(req, timeout=300) as r:
-            out = json.loads(r.read())
-        out["latency_s"] = time.time() - t0
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
+def generate(server: Server, input_ids: list[int], max_new_tokens: int) -> dict:
+    body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+    t0 = time.time()
+    response = httpx.post(f"{server.base_url}/generate", json=body, timeout=300)
+    response.raise_for_status()
+    out = response.json()
+    out["latency_s"] = time.time() - t0
+    return out
 
 
 def telemetry_lines(folder: Path) -> int:
@@ -125,7 +100,7 @@ def run_pass(server: Server, prompts: list[dict], concurrency: int, max_new_toke
     skip = telemetry_lines(telemetry) if telemetry else 0
     t0 = time.time()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: server.generate(p["token_ids"], max_new_tokens), prompts))
+        results = list(pool.map(lambda p: generate(server, p["token_ids"], max_new_tokens), prompts))
     wall = time.time() - t0
     requests = []
     for p, r in zip(prompts, results, strict=True):
@@ -155,7 +130,7 @@ def extend_pass(server: Server, prompts: list[dict], telemetry: Path) -> list[di
         if not p.get("teacher_ids"):
             continue
         skip = telemetry_lines(telemetry)
-        server.generate(p["token_ids"] + p["teacher_ids"], 1)
+        generate(server, p["token_ids"] + p["teacher_ids"], 1)
         recs = [r for r in telemetry_since(telemetry, skip) if r["mode"] == "extend"]
         if recs:
             rows.append({"id": p["id"], "tokens": recs[0]["tokens"], "distinct": recs[0]["distinct"],
@@ -165,24 +140,28 @@ def extend_pass(server: Server, prompts: list[dict], telemetry: Path) -> list[di
 
 def warm(server: Server, prompts: list[dict], max_new_tokens: int) -> None:
     for p in prompts[:2]:
-        server.generate(p["token_ids"], max_new_tokens)
+        generate(server, p["token_ids"], max_new_tokens)
 
 
-def served(server: Server, record: dict, body) -> None:
-    """Wait for the server, record start-up time, run `body`, or record the error (the phase goes on); always
-    stop the server. (A context manager cannot skip its body when the server never comes up.)"""
+def served(spec: LaunchSpec, log: Path, record: dict, body: Callable[[Server], None]) -> None:
+    """Start the server, record its command line and start-up time, run `body`, or record the error (the phase
+    goes on); always stop the server. (A context manager cannot skip its body when the server never comes up.)"""
+    server = Server(spec, log)
+    t0 = time.time()
     try:
-        record["healthy_after_s"] = server.wait_healthy()
-        body()
+        server.start(STARTUP_TIMEOUT_S)
+        record["healthy_after_s"] = time.time() - t0
+        body(server)
     except Exception as exc:  # noqa: BLE001 - recorded, the phase goes on
         record["error"] = f"{exc!r}"
         print(f"server failed: {exc!r}"[:2000], flush=True)
     finally:
+        record["cmd"] = spec.argv   # with the port it was started on
         server.stop()
 
 
-def concurrency_passes(server: Server, a, prompts: list[dict], tel: Path | None, label: str, passes: list[dict],
-                       **tags) -> None:
+def concurrency_passes(server: Server, a: argparse.Namespace, prompts: list[dict], tel: Path | None, label: str,
+                       passes: list[dict], **tags) -> None:
     """Warm up, then one pass per concurrency level, each tagged, reported and appended as it finishes (a
     later failure keeps the passes done)."""
     warm(server, prompts, a.max_new_tokens)
@@ -193,47 +172,45 @@ def concurrency_passes(server: Server, a, prompts: list[dict], tel: Path | None,
               flush=True)
 
 
-def phase_decode(a, prompts, out: Path) -> dict:
+def phase_decode(a: argparse.Namespace, prompts: list[dict], out: Path) -> dict:
     tel = out / "decode-telemetry"
-    server = Server(a.model, ["--disable-cuda-graph"], ["expert_telemetry"],
-                    {"SPECWS_EXPERT_TELEMETRY_DIR": str(tel)}, out / "logs" / "decode.log")
-    result = {"phase": "decode", "cmd": server.cmd, "passes": []}
-    def body() -> None:
+    spec = launch_spec(a, "baseline", telemetry_spec(tel), NO_GRAPHS)
+    result = {"phase": "decode", "cmd": spec.argv, "passes": []}
+    def body(server: Server) -> None:
         concurrency_passes(server, a, prompts, tel, "decode", result["passes"])
         result["extend"] = extend_pass(server, prompts, tel)
-    served(server, result, body)
+    served(spec, out / "logs" / "decode.log", result, body)
     return result
 
 
-def phase_ngram(a, prompts, out: Path) -> dict:
+def phase_ngram(a: argparse.Namespace, prompts: list[dict], out: Path) -> dict:
     result = {"phase": "ngram", "configs": []}
     for k in a.ks:
         tel = out / f"ngram-k{k}-telemetry"
         budget_file = out / f"ngram-k{k}-budget.txt"
         budget_file.parent.mkdir(parents=True, exist_ok=True)
         budget_file.write_text(str(a.budgets[0]))
-        server = Server(a.model, ["--disable-cuda-graph", *ngram_args(k)], ["moe_budget", "expert_telemetry"],
-                        {"SPECWS_EXPERT_TELEMETRY_DIR": str(tel), "SPECWS_MOE_EXPERT_BUDGET_FILE": str(budget_file)},
-                        out / "logs" / f"ngram-k{k}.log")
-        cfg = {"k": k, "cmd": server.cmd, "passes": []}
+        spec = launch_spec(a, "E", {"num_draft_tokens": k + 1, **NGRAM_CHAIN, **telemetry_spec(tel),
+                                    "moe_expert_budget": a.budgets[0]}, NO_GRAPHS)
+        spec.env[BUDGET_FILE_ENV] = str(budget_file.resolve())   # read before the fixed budget: B between passes
+        cfg = {"k": k, "cmd": spec.argv, "passes": []}
         result["configs"].append(cfg)
-        def grid(server=server, cfg=cfg, tel=tel, budget_file=budget_file, k=k) -> None:
+        def grid(server: Server, cfg=cfg, tel=tel, budget_file=budget_file, k=k) -> None:
             for b in a.budgets if k == a.budget_k else a.budgets[:1]:
                 budget_file.write_text(str(b))
                 time.sleep(0.05)
                 concurrency_passes(server, a, prompts, tel, f"ngram k={k} B={b}", cfg["passes"], budget=b)
-        served(server, cfg, grid)
+        served(spec, out / "logs" / f"ngram-k{k}.log", cfg, grid)
     return result
 
 
-def phase_graphs(a, prompts, out: Path) -> dict:
+def phase_graphs(a: argparse.Namespace, prompts: list[dict], out: Path) -> dict:
     result = {"phase": "graphs", "k": a.graph_k, "configs": []}
     for b in a.budgets:
-        server = Server(a.model, ngram_args(a.graph_k), ["moe_budget"], {"SPECWS_MOE_EXPERT_BUDGET": str(b)},
-                        out / "logs" / f"graphs-B{b}.log")
-        cfg = {"budget": b, "cmd": server.cmd, "passes": []}
+        spec = launch_spec(a, "E", {"num_draft_tokens": a.graph_k + 1, **NGRAM_CHAIN, "moe_expert_budget": b}, [])
+        cfg = {"budget": b, "cmd": spec.argv, "passes": []}
         result["configs"].append(cfg)
-        served(server, cfg, lambda server=server, cfg=cfg, b=b: concurrency_passes(
+        served(spec, out / "logs" / f"graphs-B{b}.log", cfg, lambda server, cfg=cfg, b=b: concurrency_passes(
             server, a, prompts, None, f"graphs B={b}", cfg["passes"]))
     return result
 

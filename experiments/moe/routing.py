@@ -153,8 +153,8 @@ def teacher_continuations(prompts: list[list[int]], max_new_tokens: int) -> list
     import hashlib
     import json
 
-    from experiments.moe.model import load_model, smollm2_dir
     from experiments.config.paths import cache_dir
+    from experiments.moe.model import load_model, smollm2_dir
 
     key = hashlib.sha256(json.dumps([prompts, max_new_tokens]).encode()).hexdigest()[:16]
     path = cache_dir() / "moe" / f"teacher-{key}.json"

@@ -167,16 +167,20 @@ def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) 
     from hydra import compose, initialize_config_dir
 
     from experiments.config.paths import ROOT
-    from experiments.tracking.store import flatten, log_params, run_tags, setup
+    from experiments.tracking.lifecycle import tracked_run
+    from experiments.tracking.store import flatten, run_tags, setup
 
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=["model=tiny_moe_dsv3", "+option=E", *overrides])
     client, exp_id = setup(cfg)
-    run_id = client.create_run(exp_id, run_name="E-telemetry", tags=run_tags(cfg, "hf-offline", "telemetry") | {
-        "mlflow.runName": "E-telemetry"}).info.run_id
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("model.", "site.name"))}
     params |= {"telemetry.max_new_tokens": str(result["max_new_tokens"]), "telemetry.prompts": str(result["prompts"])}
-    log_params(client, run_id, params)
+    with tracked_run(client, exp_id, "E-telemetry", run_tags(cfg, "hf-offline", "telemetry"), params) as run:
+        _log_growth(client, run.id, result, own, served)
+    return run.id
+
+
+def _log_growth(client, run_id: str, result: dict, own: dict, served: dict | None) -> None:
     for res, prefix in ((result, ""), (own, "self/")):
         for p in res["points"]:
             tag = "decode" if p["k"] == 0 else f"verify_k{p['k']}"
@@ -190,8 +194,6 @@ def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) 
     client.log_dict(run_id, {k: v for k, v in own.items() if k != "continuations"}, "expert_growth_self.json")
     if served:
         client.log_dict(run_id, served, "served_comparison.json")
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
 
 
 def main(argv: list[str] | None = None) -> int:

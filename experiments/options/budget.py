@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
 from experiments.harness.measure import console
+from experiments.harness.preflight import Refused, check_moe_model
 from experiments.moe.routing import (
     AlongResult,
     SpecResult,
@@ -32,8 +33,8 @@ from experiments.moe.routing import (
     teacher_continuations,
     verify_along,
 )
-from experiments.harness.preflight import Refused, check_moe_model
-from experiments.tracking.store import PARENT_ENV, flatten, log_params, run_tags, setup
+from experiments.tracking.lifecycle import tracked_run
+from experiments.tracking.store import flatten, run_tags, setup
 
 # Unbudgeted references are shared by the jobs of one multirun (same process).
 _cache: dict[tuple, object] = {}
@@ -95,11 +96,11 @@ def _free_running(model, ids, max_new, k, budget, eos, path, prompt_set) -> tupl
 
 
 def run_offline(cfg: DictConfig) -> dict:
-    from experiments.moe.model import load_model
     from experiments.harness.workloads.prompts import load_prompts
+    from experiments.moe.model import load_model
 
-    if cfg.option is None or cfg.option.name != "E":
-        raise Refused("experiments.options.budget runs option E only (+option=E)")
+    if cfg.option is None or "moe_budget" not in (cfg.option.get("patches") or []):
+        raise Refused("experiments.options.budget runs an option with the MoE expert budget (+option=E)")
     check_moe_model(cfg)
     path = str(cfg.model.path)
     if not os.path.exists(os.path.join(path, "config.json")):
@@ -123,17 +124,13 @@ def run_offline(cfg: DictConfig) -> dict:
         raise Refused(f"spec.offline_mode must be teacher_text or free, got {mode!r}")
     metrics["budget_fraction"] = budget / num_experts
     client, exp_id = setup(cfg)
-    tags = run_tags(cfg, "hf-offline", "measure") | {"specws.spec_method": "ngram (offline, HF forward)",
-                                                      "mlflow.runName": f"E-offline-B{budget}"}
-    if os.environ.get(PARENT_ENV):
-        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
-    run_id = client.create_run(exp_id, run_name=f"E-offline-B{budget}", tags=tags).info.run_id
-    log_params(client, run_id, flatten(cfg))
-    for key, value in metrics.items():
-        client.log_metric(run_id, key, float(value))
-    client.log_dict(run_id, {"mode": mode, "budget": budget, "k": k, "per_prompt": [
-        {"id": p.id, **row} for p, row in zip(prompts, per_prompt, strict=True)]}, "option_e.json")
-    client.set_terminated(run_id, "FINISHED")
+    tags = run_tags(cfg, "hf-offline", "measure") | {"specws.spec_method": "ngram (offline, HF forward)"}
+    with tracked_run(client, exp_id, f"E-offline-B{budget}", tags, flatten(cfg)) as run:
+        for key, value in metrics.items():
+            client.log_metric(run.id, key, float(value))
+        client.log_dict(run.id, {"mode": mode, "budget": budget, "k": k, "per_prompt": [
+            {"id": p.id, **row} for p, row in zip(prompts, per_prompt, strict=True)]}, "option_e.json")
+    run_id = run.id
     m = metrics
     console.print(f"E offline ({mode}) B={budget}/{num_experts} k={k}: distinct experts/layer/verify "
                   f"{m['distinct_experts_verify']:.2f} (unbudgeted {m['unbudgeted/distinct_experts_verify']:.2f}), "

@@ -15,11 +15,13 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.harness.launch import build_launch_spec
-from experiments.harness.measure import baseline_cfg, console
+from experiments.config.overlays import with_option
 from experiments.config.paths import cache_dir
+from experiments.harness.launch import build_launch_spec
+from experiments.harness.measure import console
 from experiments.harness.preflight import Refused
-from experiments.tracking.store import PARENT_ENV, flatten, log_params, run_tags, setup
+from experiments.tracking.lifecycle import tracked_run
+from experiments.tracking.store import flatten, run_tags, setup
 
 SPECFORGE_TARGET = cache_dir() / "specforge-pkg"   # `pip install --no-deps --target` by bin/setup
 
@@ -72,7 +74,7 @@ def commands(cfg: DictConfig, work: Path) -> list[str]:
     """The box-side pipeline: regenerate answers with the target (served with this site's SGLang flags),
     capture its hidden states at the aux layers, train, export for SGLang, evaluate as option B."""
     sf, q = cfg.train.specforge, shlex.quote
-    serve = build_launch_spec(baseline_cfg(cfg))
+    serve = build_launch_spec(with_option(cfg, "baseline"))
     server = " ".join(q(a) for a in [*serve.argv[:-4], "--host", "127.0.0.1", "--port", "30000"])
     env = " ".join(f"{k}={q(v)}" for k, v in serve.env.items())
     scripts = f"{q(str(sf.repo))}/scripts"
@@ -129,15 +131,12 @@ def plan(cfg: DictConfig) -> dict:
     if not ok:
         raise Refused(f"SpecForge's config schema refused the composed recipe {work / 'recipe.yaml'}:\n{verdict}")
     client, exp_id = setup(cfg)
-    tags = run_tags(cfg, "specforge", "plan") | {"mlflow.runName": "D-plan", "specws.specforge_check": verdict}
-    if os.environ.get(PARENT_ENV):
-        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
-    run_id = client.create_run(exp_id, run_name="D-plan", tags=tags).info.run_id
-    log_params(client, run_id, {k: v for k, v in flatten(cfg).items()
-                                if k.startswith(("train.", "model.", "site.name", "option."))})
-    for name in files:
-        client.log_artifact(run_id, str(work / name), "specforge")
-    client.set_terminated(run_id, "FINISHED")
+    tags = run_tags(cfg, "specforge", "plan") | {"specws.specforge_check": verdict}
+    params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
+    with tracked_run(client, exp_id, "D-plan", tags, params) as run:
+        for name in files:
+            client.log_artifact(run.id, str(work / name), "specforge")
+    run_id = run.id
     console.print(f"MLflow run [bold]D-plan[/] ({run_id}): SpecForge's schema accepted the recipe ({verdict}).\n"
                   f"Training runs on the box: bash {work / 'commands.sh'}, i.e.\n  " + "\n  ".join(steps))
     return {"run_id": run_id, "specforge_check": verdict, "commands": steps, "work_dir": str(work)}

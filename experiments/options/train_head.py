@@ -2,43 +2,39 @@
 ordinary runner as option C, linked to the training run."""
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.config.overlays import with_option
 from experiments.harness.measure import console
-from experiments.tracking.store import PARENT_ENV, flatten, log_params, run_tags, setup
+from experiments.harness.pipeline import PostRun, measure_option
+from experiments.harness.prepare import PreparedWorkload
+from experiments.tracking.lifecycle import tracked_run
+from experiments.tracking.store import flatten, run_tags, setup
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 
-def train_and_evaluate(cfg: DictConfig, evaluate: Callable[[DictConfig], dict]) -> dict:
-    if not cfg.model.embedded:  # SpecForge trains it on the box; here its checked plan becomes a D-plan run
+def train_and_evaluate(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequence[PostRun] = ()) -> dict:
+    """Option D's runner. A dry run validates the evaluation's command line; a model that is not embedded gets
+    SpecForge's checked plan (training runs on the box)."""
+    if cfg.run.dry_run:
+        return measure_option(cfg, prepared, post_run)
+    if not cfg.model.embedded:
         from experiments.options.specforge_plan import plan
         return plan(cfg)
     client, exp_id = setup(cfg)
-    tags = run_tags(cfg, "n/a", "train") | {"mlflow.runName": "D-train"}
-    if os.environ.get(PARENT_ENV):
-        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
-    run_id = client.create_run(exp_id, run_name="D-train", tags=tags).info.run_id
-    log_params(client, run_id, {k: v for k, v in flatten(cfg).items()
-                                if k.startswith(("train.", "model.", "site.name", "option."))})
-    console.print(f"MLflow run [bold]D-train[/] ({run_id}): training an EAGLE-3 head for {cfg.model.name}")
-    try:
-        metrics = _train(cfg, client, run_id)
-    except BaseException as exc:
-        client.set_tag(run_id, "specws.failure", f"{type(exc).__name__}: {exc}"[:5000])
-        client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    eval_cfg = _as_evaluation(cfg, run_id)
-    result = evaluate(eval_cfg)
-    client.set_tag(run_id, "specws.evaluation_run_id", result.get("run_id", ""))
-    return {"training_run_id": run_id, "training": metrics, **result}
+    params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
+    with tracked_run(client, exp_id, "D-train", run_tags(cfg, "n/a", "train"), params) as run:
+        console.print(f"MLflow run [bold]D-train[/] ({run.id}): training an EAGLE-3 head for {cfg.model.name}")
+        metrics = _train(cfg, client, run.id)
+    result = measure_option(_as_evaluation(cfg, run.id), prepared, post_run)
+    client.set_tag(run.id, "specws.evaluation_run_id", result.get("run_id", ""))
+    return {"training_run_id": run.id, "training": metrics, **result}
 
 
 def _train(cfg: DictConfig, client: MlflowClient, run_id: str) -> dict:
@@ -60,11 +56,11 @@ def _train(cfg: DictConfig, client: MlflowClient, run_id: str) -> dict:
 
 
 def _as_evaluation(cfg: DictConfig, training_run_id: str) -> DictConfig:
-    """The same experiment as option C (or B) with the freshly trained head."""
-    evaluation = OmegaConf.to_container(cfg, resolve=True)
-    target = cfg.option.get("evaluate_as", "C")
-    evaluation["option"] = {"name": target, "title": f"EAGLE-3 head from option D ({training_run_id[:8]})",
-                            "engine": "vllm" if target == "C" else "sglang", "missing": None,
-                            "alternative": None}
-    evaluation["run"]["tags"] = {**evaluation["run"].get("tags", {}), "specws.training_run_id": training_run_id}
-    return OmegaConf.create(evaluation)
+    """The same experiment, with the freshly trained head, as the option D evaluates as (conf/option/<evaluate_as>):
+    that option's block, D's speculation settings (the trained head) and a tag linking the training run."""
+    target = str(cfg.option.evaluate_as)
+    title = f"EAGLE-3 head from option D ({training_run_id[:8]})"
+    evaluation = with_option(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), target, ("option",),
+                             title=title)
+    evaluation.run.tags = {**evaluation.run.get("tags", {}), "specws.training_run_id": training_run_id}
+    return evaluation

@@ -1,5 +1,5 @@
-"""`python -m experiments.tracking.import_runs <offline store folder or .tar.gz> [--tracking-uri URI]`: log runs recorded
-on a host without MLflow (experiments.tracking.offline_store) into the workspace's MLflow store.
+"""`python -m experiments.tracking.import_runs <offline store folder or .tar.gz> [--tracking-uri URI]`: log runs
+recorded on a host without MLflow (experiments.tracking.offline_store) into the workspace's MLflow store.
 
 Runs keep their experiment name, status, times, params, tags, full metric history and artifacts; links
 between them (parent run, paired baseline, training run) are rewritten to the new run ids, and each gets
@@ -14,11 +14,12 @@ import tempfile
 from pathlib import Path
 
 import mlflow
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from experiments.tracking.offline_store import OfflineClient
 from experiments.config.paths import ROOT
+from experiments.tracking.lifecycle import tracked_run
+from experiments.tracking.offline_store import OfflineClient
 from experiments.tracking.store import log_prompt_dataset
 
 LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.training_run_id",
@@ -38,24 +39,7 @@ def import_store(source: OfflineClient, client: MlflowClient, artifact_root: Pat
             print(f"already imported: {meta['run_name']} ({old_id}) -> {mapping[old_id]}")
             continue
         tags = {k: mapping.get(v, v) if k in LINK_TAGS else v for k, v in meta["tags"].items()}
-        tags["specws.imported_from"] = old_id
-        run = client.create_run(exp_id, start_time=meta["start_time"], tags=tags, run_name=meta["run_name"])
-        new_id = run.info.run_id
-        params = [Param(k, v) for k, v in meta["params"].items()]
-        for i in range(0, len(params), 100):
-            client.log_batch(new_id, params=params[i:i + 100])
-        metrics = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in source.metric_rows(old_id)]
-        for i in range(0, len(metrics), 1000):
-            client.log_batch(new_id, metrics=metrics[i:i + 1000])
-        artifacts = source.root / old_id / "artifacts"
-        if any(artifacts.iterdir()):
-            client.log_artifacts(new_id, str(artifacts))
-        prompt_set = artifacts / "prompt_set.json"
-        if prompt_set.exists():   # the dataset input the offline store could not hold
-            ps = json.loads(prompt_set.read_text())
-            log_prompt_dataset(client, new_id, ps["name"], ps["source"], ps["rows"], ps["digest"])
-        status = meta["status"] if meta["status"] != "RUNNING" else "FAILED"  # never finished over there
-        client.set_terminated(new_id, status, end_time=meta["end_time"])
+        new_id, status = _import_run(source, client, exp_id, old_id, meta, tags)
         mapping[old_id] = new_id
         print(f"imported {meta['experiment']} / {meta['run_name']} [{status}] -> {new_id}")
     for old_id, new_id in mapping.items():  # links to runs created later (a parent's evaluation, ...)
@@ -63,6 +47,34 @@ def import_store(source: OfflineClient, client: MlflowClient, artifact_root: Pat
             if key in LINK_TAGS and value in mapping and key != "mlflow.parentRunId":
                 client.set_tag(new_id, key, mapping[value])
     return mapping
+
+
+def _import_run(source: OfflineClient, client: MlflowClient, exp_id: str, old_id: str, meta: dict,
+                tags: dict[str, str]) -> tuple[str, str]:
+    """One run, all or nothing: `specws.imported_from` (what a re-import looks for) is set last, and a run that
+    fails half-way is deleted, so that the next import starts it again."""
+    status = meta["status"] if meta["status"] != "RUNNING" else "FAILED"  # never finished over there
+    params = {k: str(v) for k, v in meta["params"].items()}
+    run = None
+    try:
+        with tracked_run(client, exp_id, meta["run_name"], tags, params, start_time=meta["start_time"]) as run:
+            metrics = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in source.metric_rows(old_id)]
+            for i in range(0, len(metrics), 1000):
+                client.log_batch(run.id, metrics=metrics[i:i + 1000])
+            artifacts = source.root / old_id / "artifacts"
+            if any(artifacts.iterdir()):
+                client.log_artifacts(run.id, str(artifacts))
+            prompt_set = artifacts / "prompt_set.json"
+            if prompt_set.exists():   # the dataset input the offline store could not hold
+                ps = json.loads(prompt_set.read_text())
+                log_prompt_dataset(client, run.id, ps["name"], ps["source"], ps["rows"], ps["digest"])
+            client.set_tag(run.id, "specws.imported_from", old_id)
+            run.finish_as(status, meta["tags"].get("specws.failure", ""), end_time=meta["end_time"])
+    except Exception:
+        if run is not None:
+            client.delete_run(run.id)
+        raise
+    return run.id, status
 
 
 def _experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.tracking.records import read_jsonl
+
 URI_PREFIX = "offline://"
 _CLAUSE = re.compile(r"(tags|attributes|params)\.`?([\w.]+)`?\s*=\s*'([^']*)'")
 
@@ -59,10 +61,10 @@ class OfflineClient:
         return name
 
     def create_run(self, experiment_id: str, run_name: str | None = None,
-                   tags: dict[str, str] | None = None) -> OfflineRun:
+                   tags: dict[str, str] | None = None, start_time: int | None = None) -> OfflineRun:
         run_id = uuid.uuid4().hex
         meta = {"run_id": run_id, "experiment": experiment_id, "run_name": run_name or run_id,
-                "status": "RUNNING", "start_time": _now_ms(), "end_time": None,
+                "status": "RUNNING", "start_time": start_time or _now_ms(), "end_time": None,
                 "params": {}, "tags": dict(tags or {}), "order": len(list(self.root.iterdir()))}
         (self.root / run_id / "artifacts").mkdir(parents=True)
         self._write(run_id, meta)
@@ -110,9 +112,9 @@ class OfflineClient:
         meta["tags"][key] = str(value)
         self._write(run_id, meta)
 
-    def set_terminated(self, run_id: str, status: str = "FINISHED") -> None:
+    def set_terminated(self, run_id: str, status: str = "FINISHED", end_time: int | None = None) -> None:
         meta = self._read(run_id)
-        meta["status"], meta["end_time"] = status, _now_ms()
+        meta["status"], meta["end_time"] = status, end_time or _now_ms()
         self._write(run_id, meta)
 
     def log_dict(self, run_id: str, dictionary: Any, artifact_file: str) -> None:
@@ -152,7 +154,7 @@ class OfflineClient:
 
     def metric_rows(self, run_id: str) -> list[dict]:
         path = self.root / run_id / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+        return read_jsonl(path) if path.exists() else []
 
     def meta(self, run_id: str) -> dict:
         return self._read(run_id)

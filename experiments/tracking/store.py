@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
 from experiments.config.paths import ROOT
+from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
 
 try:
     import mlflow
@@ -163,19 +163,3 @@ def log_prompt_dataset(client, run_id: str, name: str, source: str, rows: list[d
         dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=source, name=name, digest=digest[:36])
         entity = dataset._to_mlflow_entity()
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "measured")])])
-
-
-def run_records(client, run_id: str) -> list[dict] | None:
-    """A run's per-request records, read back from its `records/` artifacts; None when it has none."""
-    import json
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = Path(client.download_artifacts(run_id, "records", tmp))
-        except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
-            return None
-        files = sorted(local.glob("*.jsonl"))
-        if not files:
-            return None
-        return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]

@@ -11,12 +11,12 @@ import sys
 import pytest
 from conftest import compose_cfg
 
+from experiments.config.paths import cache_dir
 from experiments.engines import limits_mismatch
 from experiments.engines.base import Validation
 from experiments.engines.sglang_engine import CHECK_SCRIPT, SGLangAdapter, server_info_limits
 from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.harness.launch import build_launch_spec
-from experiments.config.paths import cache_dir
 
 SGLANG_CASES = [(site, option) for site in ("h200", "blackwell") for option in ("baseline", "A", "B", "E")] + \
     [("h200", "E model=tiny_moe_dsv3")]

@@ -1,26 +1,32 @@
 """The speedup model against a store: the verification-cost probes (vLLM: single-stream n-gram records
 against their replay; SGLang: each run's step time over its paired baseline's vs tokens verified per step, across
-the experiment's runs), the prediction logged by experiments/harness/measure.py for a run being measured, and the
-predicted-vs-measured table over every measured run (`python -m experiments.analysis.speedup.model table`)."""
+the experiment's runs; used for engines that verify a fixed number of tokens per step), the inputs the post-run
+prediction (experiments/analysis/predict.py) takes from the store, and the predicted-vs-measured table over every
+measured run (`python -m experiments.analysis.speedup.cli table`)."""
 from __future__ import annotations
 
-import ast
-import json
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from experiments.analysis.replay import (
+    NgramIndex,
+    ReplayInputError,
+    engine_config,
+    load_source,
+    replay_config,
+    replay_workload,
+)
+from experiments.analysis.runs import RunConfig, run_config
 from experiments.analysis.speedup.model import (
     PredictionUnavailable,
     baseline_profile,
     draft_length,
     levels_of,
     predict_run,
-    sglang_verified_per_step,
 )
+from experiments.tracking.records import run_records
 
 PAUSE_SHARE = 0.10   # a level whose longest pause is this share of its wall time is flagged (warm-up stall)
 
@@ -29,7 +35,6 @@ def probe_slopes(runs: dict[str, tuple[list, object]]) -> dict[str, float]:
     """Verification-cost probe: ms per extra verified token, per run, from single-stream n-gram records
     whose streamed chunks line up one-to-one with the replayed engine steps (step time = t0 + slope *
     draft tokens verified; fitted per run because machine speed drifts between runs)."""
-    from experiments.analysis.replay import NgramIndex, replay_config
     slopes = {}
     for run_id, (seqs, cfg) in runs.items():
         singles = [s for s in seqs if s.concurrency == 1 and s.chunk_times_s]
@@ -52,7 +57,7 @@ def probe_b_tok(slopes: dict[str, float], exclude: str | None = None) -> float |
     return float(max(0.0, np.median(values))) if values else None
 
 
-# ---------------------------------------------------------------- SGLang verification-cost probe
+# ---------------------------------------------------------------- fixed-width verification-cost probe (SGLang)
 
 @dataclass
 class StepPoint:
@@ -109,21 +114,22 @@ def steady_step_ms(gaps: np.ndarray) -> float:
 
 
 def sglang_step_points(client, runs) -> dict[str, StepPoint]:
-    """Step time of every finished SGLang run with records, per concurrency level, from the streamed chunk
-    intervals (the first chunk is the prefill's token; SGLang streams one chunk per decode/verify step), with
-    its paired baseline's step times where that baseline is among `runs`."""
+    """Step time of every finished run with records of an engine that verifies a fixed number of tokens per step
+    (SGLang), per concurrency level, from the streamed chunk intervals (the first chunk is the prefill's token;
+    SGLang streams one chunk per decode/verify step), with its paired baseline's step times where that baseline
+    is among `runs`."""
     out, paired = {}, {}
     for run in runs:
-        params = run.data.params
-        if params.get("engine.name") != "sglang":
+        config = run_config(run)
+        if not config.fixed_verify_width:
             continue
-        method = params.get("spec.method", "none")
-        verified = 1.0 if method == "none" else sglang_verified_per_step(params)
+        method = config.spec.method
+        verified = 1.0 if method == "none" else config.verified_per_step
         if verified is None:
             continue
         gaps: dict[int, list] = {}
         pauses: dict[int, float] = {}
-        for r in _run_records(client, run.info.run_id):
+        for r in run_records(client, run.info.run_id) or []:
             c, t = r.get("concurrency"), r.get("chunk_times_s") or []
             if not c or r.get("error"):
                 continue
@@ -132,25 +138,15 @@ def sglang_step_points(client, runs) -> dict[str, StepPoint]:
             pauses[c] = max(pauses.get(c, 0.0), r.get("ttft_s") or 0.0, *intervals)
         steps = {c: steady_step_ms(np.asarray(g)) for c, g in gaps.items() if len(g) >= 20}
         if steps:
-            draft_steps = int(params.get("spec.num_steps") or 0) if method == "eagle3" else 0
+            draft_steps = (config.spec.num_steps or 0) if method == "eagle3" else 0
             out[run.info.run_id] = StepPoint(run.info.run_id, method, verified, draft_steps, steps,
-                                             sglang_graph_max_bs(params), pauses)
+                                             config.graph_batch_limit, pauses)
             paired[run.info.run_id] = run.data.tags.get("specws.baseline_run_id")
     for run_id, p in out.items():
         base = out.get(paired[run_id] or "")
         if p.method != "none" and base is not None and base.method == "none":
             p.base_step_ms = dict(base.step_ms)
     return out
-
-
-def _run_records(client, run_id: str) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = Path(client.download_artifacts(run_id, "records", tmp))
-        except Exception:  # noqa: BLE001 - a run without records has no step point
-            return []
-        return [json.loads(line) for f in sorted(local.glob("*.jsonl"))
-                for line in f.read_text().splitlines() if line.strip()]
 
 
 def _nonneg_lstsq(cols: dict[str, np.ndarray], y: np.ndarray, drops: list[list[str]]) -> dict[str, float] | None:
@@ -196,27 +192,10 @@ def fit_eagle_cost(points: dict[str, StepPoint], fit: VerifyFit, exclude: str | 
     return EagleCost(fit.spec_overhead_ms, fit.spec_overhead_seq_ms, float(max(0.0, draft)), False)
 
 
-def sglang_graph_max_bs(params: dict[str, str]) -> int | None:
-    """SGLang's CUDA-graph decode batch limit from the site's engine args, where set."""
-    def as_list(v) -> list:
-        return [str(a) for a in v] if isinstance(v, list | tuple) else ast.literal_eval(v or "[]")
-    try:
-        args = as_list(params.get("site.engine_args.sglang")) + as_list(params.get("engine.extra_args"))
-    except (ValueError, SyntaxError):
-        return None
-    for flag in ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"):
-        if flag in args[:-1]:
-            try:
-                return int(args[args.index(flag) + 1])
-            except ValueError:
-                return None
-    return None
-
-
-def sglang_inputs(points: dict[str, StepPoint], run_id: str, params: dict[str, str],
+def sglang_inputs(points: dict[str, StepPoint], run_id: str, config: RunConfig,
                   base_metrics: dict[str, float]) -> tuple[dict, str]:
-    """predict_run keyword arguments for an SGLang run from the SGLang probe (leave-one-out) and a note."""
-    max_c = sglang_graph_max_bs(params)
+    """predict_run keyword arguments for a fixed-width (SGLang) run from the probe (leave-one-out) and a note."""
+    max_c = config.graph_batch_limit
     kw: dict = {"profile_max_c": max_c}
     fit = fit_verify_cost(points, exclude=run_id)
     if fit is None:
@@ -227,7 +206,7 @@ def sglang_inputs(points: dict[str, StepPoint], run_id: str, params: dict[str, s
     note = (f"verification cost: SGLang probe over {len(fit.runs)} runs, (c, q) = {fit.points}: step time over the "
             f"paired baseline's = {fit.spec_overhead_ms:.3g} + {fit.spec_overhead_seq_ms:.3g} c + "
             f"{fit.b_tok_ms:.3g} c (q - 1) ms")
-    if params.get("spec.method") == "eagle3":
+    if config.spec.method == "eagle3":
         eagle = fit_eagle_cost(points, fit, exclude=run_id)
         if eagle is not None:
             t11 = baseline_profile(base_metrics, max_c=max_c).step_ms(1, 1.0)
@@ -244,7 +223,7 @@ def sglang_inputs(points: dict[str, StepPoint], run_id: str, params: dict[str, s
 def level_flags(run, base_run, points: dict[str, StepPoint], c: int) -> str:
     """Why a level's measurement is outside what the model describes ('' when nothing is known)."""
     flags = []
-    max_c = sglang_graph_max_bs(run.data.params)
+    max_c = run_config(run).graph_batch_limit
     if max_c is not None and c > max_c:
         flags.append(f"c{c} > --cuda-graph-max-bs-decode {max_c}: eager decode, profile fitted on CUDA-graph levels")
     for r, who in ((run, "option"), (base_run, "baseline")):
@@ -271,55 +250,61 @@ def error_table(client, experiment: str, use_replay: bool = True, use_probe: boo
     points = sglang_step_points(client, runs)
     rows = []
     for run in runs:
-        base_id = run.data.tags.get("specws.baseline_run_id")
-        if run.data.params.get("spec.method", "none") == "none" or base_id not in by_id:
+        config = run_config(run)
+        if not config.spec.speculative or config.baseline_run_id not in by_id:
             continue
+        base = by_id[config.baseline_run_id]
         replayed = replayed_tokens_per_step(*ngram[run.info.run_id]) if use_replay and run.info.run_id in ngram \
             else None
-        kw: dict = {}
-        if run.data.params.get("engine.name") == "sglang":
-            kw, cost_note = sglang_inputs(points if use_probe else {}, run.info.run_id, run.data.params,
-                                          by_id[base_id].data.metrics)
+        if config.fixed_verify_width:
+            kw, cost_note = sglang_inputs(points if use_probe else {}, run.info.run_id, config, base.data.metrics)
         else:
             b_tok = probe_b_tok(slopes, exclude=run.info.run_id)
             kw = {"b_tok_ms": b_tok}
             cost_note = f"verification cost: {'b_tok = b_seq' if b_tok is None else f'probe {b_tok:.3g} ms/token'}"
-        b_tok = kw.get("b_tok_ms")
         try:
-            pred = predict_run(run.data.metrics, run.data.params, by_id[base_id].data.metrics,
-                               tokens_per_step=replayed, **kw)
+            pred = predict_run(run.data.metrics, config, base.data.metrics, tokens_per_step=replayed, **kw)
         except PredictionUnavailable as exc:
             rows.append({"run": run.info.run_id, "error": str(exc)})
             continue
+        source = "replay" if replayed else "engine counters"
         if log:
-            import mlflow
-            now = int(time.time() * 1000)   # newer than the values logged at measure time: MLflow shows the latest
-            client.log_batch(run.info.run_id, metrics=[mlflow.entities.Metric(k, float(v), now, 0)
-                                                       for k, v in pred.items()])
-            client.set_tag(run.info.run_id, "specws.prediction",
-                           f"speedup_model table --log; acceptance: {'replay' if replayed else 'engine counters'}; "
-                           f"{cost_note}")
-        for c in levels_of(run.data.metrics):
-            if f"predicted_output_tok_s_c{c}" in pred:
-                measured = run.data.metrics[f"output_tok_s_c{c}"]
-                predicted = pred[f"predicted_output_tok_s_c{c}"]
-                rows.append({"run": run.info.run_id, "option": run.data.tags.get("specws.option"),
-                             "workload": run.data.tags.get("specws.workload"), "method": run.data.params["spec.method"],
-                             "k": draft_length(run.data.params)[1], "concurrency": c,
-                             "acceptance_source": "replay" if replayed else "engine counters",
-                             "b_tok_ms": b_tok, "spec_overhead_ms": kw.get("spec_overhead_ms", 0.0),
-                             "draft_step_cost": kw.get("draft_step_cost"), "note": cost_note,
-                             "flag": level_flags(run, by_id[base_id], points, c),
-                             "tokens_per_step": pred[f"predicted_tokens_per_step_c{c}"],
-                             "baseline_tok_s": by_id[base_id].data.metrics[f"output_tok_s_c{c}"],
-                             "measured_tok_s": measured, "predicted_tok_s": predicted,
-                             "rel_error": abs(predicted - measured) / measured})
+            _backfill(client, run.info.run_id, pred, f"speedup_model table --log; acceptance: {source}; {cost_note}")
+        inputs = {"acceptance_source": source, "b_tok_ms": kw.get("b_tok_ms"),
+                  "spec_overhead_ms": kw.get("spec_overhead_ms", 0.0), "draft_step_cost": kw.get("draft_step_cost"),
+                  "note": cost_note}
+        rows += _level_rows(run, config, base, pred, points, inputs)
+    return rows
+
+
+def _backfill(client, run_id: str, predicted: dict[str, float], note: str) -> None:
+    import mlflow
+    now = int(time.time() * 1000)   # newer than the values logged at measure time: MLflow shows the latest
+    client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, float(v), now, 0) for k, v in predicted.items()])
+    client.set_tag(run_id, "specws.prediction", note)
+
+
+def _level_rows(run, config: RunConfig, base, pred: dict[str, float], points: dict[str, StepPoint],
+                inputs: dict) -> list[dict]:
+    """The table's rows of one run: predicted against measured tok/s at each level both have."""
+    rows = []
+    for c in levels_of(run.data.metrics):
+        if f"predicted_output_tok_s_c{c}" not in pred:
+            continue
+        measured, predicted = run.data.metrics[f"output_tok_s_c{c}"], pred[f"predicted_output_tok_s_c{c}"]
+        rows.append({"run": run.info.run_id, "option": config.option, "workload": config.workload,
+                     "method": config.spec.method, "k": draft_length(config.spec)[1], "concurrency": c, **inputs,
+                     "flag": level_flags(run, base, points, c),
+                     "tokens_per_step": pred[f"predicted_tokens_per_step_c{c}"],
+                     "baseline_tok_s": base.data.metrics[f"output_tok_s_c{c}"],
+                     "measured_tok_s": measured, "predicted_tok_s": predicted,
+                     "rel_error": abs(predicted - measured) / measured})
     return rows
 
 
 def ngram_sources(client, runs) -> dict[str, tuple[list, object]]:
-    """Recorded sequences and served configuration of every vLLM n-gram run that has records."""
-    from experiments.analysis.replay import ReplayInputError, engine_config, load_source
+    """Recorded sequences and served configuration of every run with records whose n-gram drafter the replay
+    reproduces exactly (vLLM's prompt lookup)."""
     out = {}
     for run in runs:
         served = engine_config(run)
@@ -334,39 +319,5 @@ def ngram_sources(client, runs) -> dict[str, tuple[list, object]]:
 
 def replayed_tokens_per_step(seqs: list, cfg) -> dict[int, tuple[float, float]]:
     """Exact (tokens per decode step, share of steps with a draft) per level, by replaying the records."""
-    from experiments.analysis.replay import replay_workload
     levels = replay_workload(seqs, [cfg])[cfg]["levels"]
     return {c: (s.metrics()["tokens_per_step"], s.metrics()["steps_with_draft"]) for c, s in levels.items()}
-
-
-def predict_live(client, experiment_id: str, run_id: str, option: dict[str, float], params: dict[str, str],
-                 base: dict[str, float], drafts_by_level: dict[int, float], records: list[dict]) -> tuple[dict, str]:
-    """`predicted_*` metrics for a run being measured (experiments/harness/measure.py) and a note on the inputs:
-    acceptance replayed from its records where the engine is vLLM n-gram, else its counters; verification
-    cost probed on the store's other single-stream n-gram runs of this experiment (the 6 newest)."""
-    from experiments.analysis.replay import NgramConfig, ReplayInputError, sequences_from_records
-    notes = []
-    tokens_per_step = None
-    if params.get("spec.method") == "ngram" and params.get("engine.name") == "vllm":
-        try:
-            cfg = NgramConfig(int(params["spec.ngram.min_match"]), int(params["spec.ngram.max_match"]),
-                              int(params["spec.num_draft_tokens"]))
-            tokens_per_step = replayed_tokens_per_step(sequences_from_records(records, run_id), cfg)
-            notes.append("acceptance: replay of the records")
-        except (ReplayInputError, KeyError, ValueError) as exc:
-            notes.append(f"acceptance: engine counters (no replay: {exc})")
-    if params.get("engine.name") == "sglang":
-        # every finished SGLang run of the experiment (baselines, NGRAM of any draft length, EAGLE-3)
-        runs = client.search_runs([experiment_id], "attributes.status = 'FINISHED' and tags.`specws.mode` = 'measure'",
-                                  max_results=2000)
-        points = sglang_step_points(client, [r for r in runs if r.info.run_id != run_id])
-        kw, note = sglang_inputs(points, run_id, params, base)
-        notes.append(note)
-        return predict_run(option, params, base, drafts_by_level, tokens_per_step, **kw), "; ".join(notes)
-    runs = client.search_runs([experiment_id], "attributes.status = 'FINISHED' and params.`spec.method` = 'ngram'"
-                              " and tags.`specws.mode` = 'measure'", max_results=6,
-                              order_by=["attributes.start_time DESC"])
-    b_tok = probe_b_tok(probe_slopes(ngram_sources(client, [r for r in runs if r.info.run_id != run_id])))
-    notes.append("verification cost: " + ("no probe, b_tok = b_seq" if b_tok is None
-                                          else f"probe {b_tok:.3g} ms/token"))
-    return predict_run(option, params, base, drafts_by_level, tokens_per_step, b_tok_ms=b_tok), "; ".join(notes)

@@ -16,20 +16,22 @@ Profiles:
   top-k of E, or a measured curve), dense GEMMs flat up to a compute ridge, attention per sequence with a
   coefficient calibrated so that the baseline reproduces the measured plateau (1,536 tok/s at 128).
 
-`python -m experiments.analysis.speedup.model table [--experiment E] [--log]`: predicted vs measured over every measured
-run of a store (experiments/analysis/speedup/fit.py, which also holds the verification-cost probe and the hook
-experiments/harness/measure.py calls).
-`python -m experiments.analysis.speedup.model box --tokens-per-step 2.4 --k 4 [--expert-curve curve.json]`.
+Inputs from a store and the verification-cost probes: experiments/analysis/speedup/fit.py; the CLI
+(`python -m experiments.analysis.speedup.cli table | box`): experiments/analysis/speedup/cli.py.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from experiments.analysis.runs import RunConfig
+    from experiments.config.views import SpecView
 
 DRAFT_STEP_COST = {"ngram": 0.0, "eagle3": 0.12}   # per draft step, relative to a baseline step at c=1
 
@@ -234,35 +236,15 @@ def baseline_profile(base: dict[str, float], b_tok_ms: float | None = None, spec
                                      b_tok_ms, spec_overhead_ms, spec_overhead_seq_ms)
 
 
-def sglang_verified_per_step(params: dict[str, str]) -> float | None:
-    """Tokens SGLang verifies per decode step: its whole draft tree, `--speculative-num-draft-tokens` including
-    the root (NGRAM pads every request's tree to that size, ngram_worker.py asserts bs * draft_token_num;
-    EAGLE-3 with topk 1: num_steps + 1). None for other engines (vLLM: 1 + drafted tokens)."""
-    if params.get("engine.name") != "sglang" or params.get("spec.method", "none") == "none":
-        return None
-    if params.get("spec.method") == "eagle3" and str(params.get("spec.topk")) == "1":
-        try:   # SGLang sets num_draft_tokens = num_steps + 1 whatever was passed (arg_groups/speculative_hook.py)
-            return float(int(params["spec.num_steps"]) + 1)
-        except (KeyError, ValueError, TypeError):
-            pass
-    try:
-        return float(int(params["spec.num_draft_tokens"]))
-    except (KeyError, ValueError, TypeError):   # TypeError: None from a live config
-        try:
-            return float(int(params["spec.num_steps"]) + 1)
-        except (KeyError, ValueError, TypeError):
-            return None
-
-
-def draft_length(params: dict[str, str]) -> tuple[str, int]:
-    method = params.get("spec.method", "none")
-    key = {"ngram": "spec.num_draft_tokens", "eagle3": "spec.num_steps"}.get(method)
-    if key is None:
-        raise PredictionUnavailable(f"no speculation to predict (spec.method={method})")
-    try:
-        return method, int(params[key])
-    except (KeyError, ValueError) as exc:
-        raise PredictionUnavailable(f"{key} not set") from exc
+def draft_length(spec: SpecView) -> tuple[str, int]:
+    """(method, k): the draft tokens per step an n-gram run proposes, the draft steps of an EAGLE-3 run."""
+    if spec.method not in ("ngram", "eagle3"):
+        raise PredictionUnavailable(f"no speculation to predict (spec.method={spec.method})")
+    key = "num_draft_tokens" if spec.method == "ngram" else "num_steps"
+    k = getattr(spec, key)
+    if k is None:
+        raise PredictionUnavailable(f"spec.{key} not set")
+    return spec.method, int(k)
 
 
 def level_acceptance(m: dict[str, float], c: int, drafts: float | None = None) -> tuple[float, float]:
@@ -281,7 +263,7 @@ def level_acceptance(m: dict[str, float], c: int, drafts: float | None = None) -
     raise PredictionUnavailable(f"no acceptance for concurrency {c}")
 
 
-def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str, float],
+def predict_run(option: dict[str, float], config: RunConfig, base: dict[str, float],
                 drafts_by_level: dict[int, float] | None = None,
                 tokens_per_step: dict[int, tuple[float, float]] | None = None,
                 draft_step_cost: float | None = None, b_tok_ms: float | None = None,
@@ -289,8 +271,8 @@ def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str
                 spec_overhead_seq_ms: float = 0.0) -> dict[str, float]:
     """`predicted_*` metrics of a measured speculative run against its baseline's metrics.
     tokens_per_step: (tau, draft share) per level from elsewhere (a replay) instead of the counters."""
-    method, k = draft_length(params)
-    verified = sglang_verified_per_step(params)
+    method, k = draft_length(config.spec)
+    verified = config.verified_per_step
     profile = baseline_profile(base, b_tok_ms, spec_overhead_ms, profile_max_c, spec_overhead_seq_ms)
     cost = DRAFT_STEP_COST.get(method, 0.0) if draft_step_cost is None else draft_step_cost
     out: dict[str, float] = {"predicted_profile_a_ms": profile.a_ms, "predicted_profile_b_seq_ms": profile.b_seq_ms}
@@ -319,72 +301,3 @@ def predict_run(option: dict[str, float], params: dict[str, str], base: dict[str
     if not any(key.startswith("predicted_speedup_c") for key in out):
         raise PredictionUnavailable("option and baseline share no concurrency level")
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    from experiments.config.paths import ROOT
-    ap = argparse.ArgumentParser(prog="python -m experiments.analysis.speedup.model")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("table", help="predicted vs measured tok/s over every measured run")
-    t.add_argument("--experiment", default="smollm2_135m@local")
-    t.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
-    t.add_argument("--no-replay", action="store_true", help="acceptance from engine counters only")
-    t.add_argument("--no-probe", action="store_true", help="extra verified tokens cost as much as extra sequences")
-    t.add_argument("--log", action="store_true", help="write predicted_* onto the runs (backfill)")
-    b = sub.add_parser("box", help="predictions for Kimi-K2.5 on the Blackwell box")
-    b.add_argument("--tokens-per-step", type=float, nargs="+", default=[1.5, 2.0, 2.5, 3.0, 3.5])
-    b.add_argument("--k", type=int, default=4)
-    b.add_argument("--draft-step-cost", type=float, default=0.0)
-    b.add_argument("--expert-curve", type=Path, default=None,
-                   help="JSON list (distinct experts at 1, 2, ... tokens) or experiments/moe/expert_growth.json")
-    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
-    args = ap.parse_args(argv)
-    if args.cmd == "table":
-        import mlflow
-        from mlflow.tracking import MlflowClient
-        mlflow.set_tracking_uri(args.tracking_uri)
-        from experiments.analysis.speedup.fit import error_table
-        rows = error_table(MlflowClient(), args.experiment, not args.no_replay, not args.no_probe, args.log)
-        print("| run | option | workload | k | c | acceptance | tokens/step | b_tok ms | spec overhead ms | "
-              "baseline tok/s | measured tok/s | predicted tok/s | error | flag |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        ok = [r for r in rows if "error" not in r]
-        for r in ok:
-            print(f"| {r['run'][:8]} | {r['option']} {r['method']} | {r['workload']} | {r['k']} | {r['concurrency']} | "
-                  f"{r['acceptance_source']} | {r['tokens_per_step']:.2f} | "
-                  f"{'-' if r['b_tok_ms'] is None else format(r['b_tok_ms'], '.3f')} | "
-                  f"{r.get('spec_overhead_ms') or 0:.3f} | {r['baseline_tok_s']:.1f} | "
-                  f"{r['measured_tok_s']:.1f} | {r['predicted_tok_s']:.1f} | {100 * r['rel_error']:.1f} % | "
-                  f"{r.get('flag') or ''} |")
-        for label, sel in (("all", ok), ("unflagged", [r for r in ok if not r.get("flag")])):
-            errs = np.array([r["rel_error"] for r in sel])
-            if len(errs):
-                print(f"\n{label}: {len(errs)} configurations: mean error {100 * errs.mean():.1f} %, median "
-                      f"{100 * np.median(errs):.1f} %, max {100 * errs.max():.1f} %, within 15 %: "
-                      f"{int((errs <= 0.15).sum())}/{len(errs)}")
-        for note in dict.fromkeys(f"{r['run'][:8]}: {r['note']}" for r in ok if r.get("note")):
-            print(f"inputs {note}")
-        for r in rows:
-            if "error" in r:
-                print(f"not predicted: {r['run'][:8]}: {r['error']}")
-        return
-    curve = load_expert_curve(args.expert_curve, BoxProfile.experts, BoxProfile.top_k) if args.expert_curve else None
-    box = BoxProfile(expert_curve=curve)
-    base128 = box.step_ms(box.plateau_concurrency, 1.0)
-    print(f"box profile: single stream {box.t1_ms:.2f} ms/step; at c={box.plateau_concurrency} the components give "
-          f"{base128:.1f} ms/step = {box.plateau_concurrency * 1000 / base128:.0f} tok/s (measured plateau "
-          f"{box.plateau_tok_s:.0f}); attention growth {box.attention_growth:.4f}/seq; AllReduce "
-          f"{box.allreduce_ms_per_token():.4f} ms and GEMM FLOPs {box.gemm_compute_ms_per_token():.4f} ms per token")
-    print("| tokens/step | " + " | ".join(f"c={c}" for c in args.concurrency) + " | break-even c |")
-    print("|---" * (len(args.concurrency) + 2) + "|")
-    for tau in args.tokens_per_step:
-        cells = [predict_level(box, c, tau, args.k, 1.0, args.draft_step_cost).speedup for c in args.concurrency]
-        be = break_even_concurrency(box, tau, args.k, 1.0, args.draft_step_cost)
-        print(f"| {tau:.2f} | " + " | ".join(f"{x:.2f}x" for x in cells) + f" | {be:.0f} |")
-    print(f"break-even tokens per step (all steps drafted, k={args.k}): " + ", ".join(
-        f"c={c}: {predict_level(box, c, 1.0, args.k, 1.0, args.draft_step_cost).break_even_accept_length:.2f}"
-        for c in args.concurrency))
-
-
-if __name__ == "__main__":
-    main()

@@ -7,10 +7,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from experiments.config.paths import PROMPT_SETS
 from experiments.harness.workloads.formats import Conversation, WorkloadError, check_format, load_file
 from experiments.harness.workloads.sampling import stratified_sample
 from experiments.harness.workloads.sharegpt import sample_sharegpt, sharegpt_path
-from experiments.config.paths import PROMPT_SETS
 
 SHAREGPT = "sharegpt"
 SUFFIXES = (".jsonl", ".json")

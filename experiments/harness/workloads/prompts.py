@@ -2,11 +2,11 @@
 `prompt` (raw text). Turned into token ids client-side so every engine sees identical inputs."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.config.paths import PROMPT_SETS
+from experiments.tracking.records import read_jsonl
 
 
 @dataclass
@@ -34,7 +34,7 @@ def load_prompts(name_or_path: str, tokenizer_path: str, limit: int | None = Non
     from transformers import AutoTokenizer
 
     path = prompt_set_path(name_or_path)
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path)
     if limit:
         rows = rows[:limit]
     if not rows:

@@ -1,0 +1,115 @@
+"""Typed views of the resolved config, built once per run and passed on: the stages downstream read fields of
+these dataclasses, never the config as flattened strings. OmegaConf checks the types; `__post_init__` the ranges."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config value of the wrong type or out of range; the message names the key and what it must be."""
+
+
+def _positive(section: str, **values: float | None) -> None:
+    for key, value in values.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"{section}.{key} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    name: str
+    prompt_set: str
+    concurrency: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    repetitions: int = 1
+    warmup_requests: int = 0
+    request_timeout_s: float = 600.0
+    num_prompts: int | None = None
+    max_turns: int | None = None
+    reuse_prompts: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("workload", max_tokens=self.max_tokens, repetitions=self.repetitions,
+                  request_timeout_s=self.request_timeout_s, num_prompts=self.num_prompts, max_turns=self.max_turns)
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ConfigError(f"workload.concurrency must be a list of levels >= 1, got {self.concurrency}")
+        if self.temperature < 0:
+            raise ConfigError(f"workload.temperature must be >= 0, got {self.temperature}")
+        if self.warmup_requests < 0:
+            raise ConfigError(f"workload.warmup_requests must be >= 0, got {self.warmup_requests}")
+
+
+@dataclass(frozen=True)
+class SpecView:
+    method: str = "none"
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    draft_model: str | None = None
+    moe_expert_budget: int | None = None
+    ngram: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.method not in ("none", "ngram", "eagle3"):
+            raise ConfigError(f"spec.method must be none, ngram or eagle3, got {self.method!r}")
+        _positive("spec", num_steps=self.num_steps, topk=self.topk, num_draft_tokens=self.num_draft_tokens,
+                  moe_expert_budget=self.moe_expert_budget)
+
+    @property
+    def speculative(self) -> bool:
+        return self.method != "none"
+
+
+@dataclass(frozen=True)
+class SiteView:
+    name: str
+    accelerator: str
+    engines: list[str]
+    engine_args: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LimitsView:
+    max_running_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("limits", max_running_requests=self.max_running_requests)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a run is: option, engine, model names and the typed sections."""
+    option: str
+    engine: str
+    model: str
+    spec: SpecView
+    workload: WorkloadView
+    site: SiteView
+    limits: LimitsView
+
+
+def _typed(schema: type, node: DictConfig | None, section: str, **fixes: Any):
+    """`node`'s keys that `schema` names, type-checked and converted by OmegaConf, then range-checked."""
+    try:
+        data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+        picked = {f.name: data[f.name] for f in fields(schema) if f.name in data} | fixes
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), picked))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{section}: {exc.msg if hasattr(exc, 'msg') else exc}".splitlines()[0]) from None
+
+
+def views_of(cfg: DictConfig) -> RunView:
+    """All views of `cfg`; raises ConfigError naming the first bad value."""
+    levels = OmegaConf.select(cfg, "workload.concurrency")
+    levels = list(levels) if OmegaConf.is_list(levels) else [levels]
+    return RunView(option=str(cfg.option.name), engine=str(cfg.engine.name), model=str(cfg.model.name),
+                   spec=_typed(SpecView, cfg.spec, "spec"),
+                   workload=_typed(WorkloadView, cfg.workload, "workload", concurrency=levels),
+                   site=_typed(SiteView, cfg.site, "site"),
+                   limits=_typed(LimitsView, cfg.get("limits"), "limits"))

@@ -1,0 +1,98 @@
+"""How each engine drafts and verifies, as far as the analysis of its finished runs needs to know: the tokens a
+decode step verifies, which n-gram drafter a replay reproduces, the CUDA-graph batch limit among its arguments.
+The analysis asks `speculation_of(engine)`; it never names an engine itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.config.views import SpecView
+
+
+@dataclass(frozen=True)
+class NgramWindow:
+    """The prompt-lookup window a replay of the engine's n-gram drafter uses."""
+    min_match: int
+    max_match: int
+    k: int
+    exact: bool   # the engine's drafter is the prompt-lookup rule the replay implements; else a lower bound
+
+
+class Speculation:
+    """An engine that verifies 1 + the tokens it drafted on each step and has no replayable n-gram drafter."""
+    fixed_verify_width = False   # True: every speculative step verifies the same number of tokens per sequence
+
+    def verified_per_step(self, spec: SpecView) -> float | None:
+        """Tokens a speculative decode step verifies per sequence where the engine fixes it, else None."""
+        return None
+
+    def ngram_window(self, spec: SpecView) -> NgramWindow | None:
+        """The replay window of the run's n-gram drafter; None when the run drafted no n-grams. Raises
+        ValueError when the run left a setting the window needs unset."""
+        return None
+
+    def graph_batch_limit(self, args: list[str]) -> int | None:
+        """The largest batch the engine decodes with CUDA graphs, where its arguments set one."""
+        return None
+
+
+class VLLMSpeculation(Speculation):
+    """vLLM verifies 1 + the drafted tokens per step; its n-gram drafter is prompt lookup (v1/spec_decode/
+    ngram_proposer.py), which experiments/analysis/ngram_replay.py reproduces exactly."""
+
+    def ngram_window(self, spec: SpecView) -> NgramWindow | None:
+        if spec.method != "ngram":
+            return None
+        values = {"spec.ngram.min_match": spec.ngram.get("min_match"),
+                  "spec.ngram.max_match": spec.ngram.get("max_match"), "spec.num_draft_tokens": spec.num_draft_tokens}
+        unset = [key for key, value in values.items() if value is None]
+        if unset:
+            raise ValueError(f"{', '.join(unset)} not set")
+        return NgramWindow(*(int(v) for v in values.values()), exact=True)
+
+
+class SGLangSpeculation(Speculation):
+    """SGLang verifies its whole draft tree on every step."""
+    fixed_verify_width = True
+    default_trie_depth = 18
+    graph_batch_flags = ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs")
+
+    def verified_per_step(self, spec: SpecView) -> float | None:
+        """`--speculative-num-draft-tokens` including the root (NGRAM pads every request's tree to that size,
+        ngram_worker.py asserts bs * draft_token_num); EAGLE-3 with topk 1: num_steps + 1, whatever was passed
+        (arg_groups/speculative_hook.py)."""
+        if spec.method == "none":
+            return None
+        if spec.method == "eagle3" and spec.topk == 1 and spec.num_steps is not None:
+            return float(spec.num_steps + 1)
+        if spec.num_draft_tokens is not None:
+            return float(spec.num_draft_tokens)
+        return None if spec.num_steps is None else float(spec.num_steps + 1)
+
+    def ngram_window(self, spec: SpecView) -> NgramWindow | None:
+        """SGLang's NGRAM drafts a BFS tree from a trie over prompts and outputs of all requests (its C++ cache
+        needs a JIT toolchain that does not import on this CPU): approximated by one prompt-lookup chain per
+        request, matches up to max_trie_depth, the tree's num_draft_tokens - 1 tokens as the chain. A chain
+        sees less than the tree and the shared trie, so its replay is a lower bound."""
+        if spec.method != "ngram":
+            return None
+        if spec.num_draft_tokens is None:
+            raise ValueError("spec.num_draft_tokens not set")
+        depth = spec.ngram.get("max_trie_depth") or self.default_trie_depth
+        return NgramWindow(1, int(depth), max(1, spec.num_draft_tokens - 1), exact=False)
+
+    def graph_batch_limit(self, args: list[str]) -> int | None:
+        for flag in self.graph_batch_flags:
+            if flag in args[:-1]:
+                try:
+                    return int(args[args.index(flag) + 1])
+                except ValueError:
+                    return None
+        return None
+
+
+_BY_ENGINE: dict[str, Speculation] = {"vllm": VLLMSpeculation(), "sglang": SGLangSpeculation()}
+
+
+def speculation_of(engine: str) -> Speculation:
+    """The engine's rules; an engine the workspace does not know gets the plain ones (nothing fixed, no replay)."""
+    return _BY_ENGINE.get(engine, Speculation())

@@ -1,0 +1,87 @@
+"""Option D's SpecForge plan on the Blackwell box: the draft config against Kimi's dimensions, the recipe checked
+by SpecForge's own config schema, the commands it writes, and the D-plan run it logs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import compose_cfg, run_workspace
+
+from experiments.harness.preflight import Refused, check_head_fits
+from experiments.options.specforge_plan import SPECFORGE_TARGET, commands, draft_config, recipe, validate_recipe
+
+
+def box(*overrides: str):
+    return compose_cfg("site=blackwell", *overrides)
+
+
+@pytest.fixture(scope="module")
+def specforge_ready() -> None:
+    if not (SPECFORGE_TARGET / "specforge" / "config" / "schema.py").exists():
+        pytest.fail(f"SpecForge not installed at {SPECFORGE_TARGET}; run bin/setup")
+
+
+def test_draft_config_fits_kimi(tmp_path: Path) -> None:
+    cfg = box("+option=D")
+    head = draft_config(cfg)
+    assert head["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert head["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
+    assert (head["hidden_size"], head["vocab_size"], head["draft_vocab_size"]) == (7168, 163840, 32000)
+    # The workspace's own pre-launch fit check accepts it against Kimi's dimensions and refuses a mismatch.
+    (tmp_path / "head").mkdir()
+    (tmp_path / "head" / "config.json").write_text(json.dumps(head))
+    (tmp_path / "kimi").mkdir()
+    target = {"text_config": dict(cfg.model.arch)}
+    (tmp_path / "kimi" / "config.json").write_text(json.dumps(target))
+    check_head_fits(tmp_path / "head", tmp_path / "kimi")
+    target["text_config"]["vocab_size"] = 129280   # a DeepSeek-V3 target
+    (tmp_path / "kimi" / "config.json").write_text(json.dumps(target))
+    with pytest.raises(Refused, match="vocabulary 163840"):
+        check_head_fits(tmp_path / "head", tmp_path / "kimi")
+
+
+def test_specforge_schema_accepts_the_recipe_and_refuses_a_broken_one(tmp_path: Path, specforge_ready) -> None:
+    cfg = box("+option=D")
+    good = recipe(cfg, tmp_path)
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(good))
+    ok, verdict = validate_recipe(tmp_path / "good.yaml")
+    assert ok, verdict
+    assert verdict.split() == ["offline", "local_colocated", "mlflow"]
+    broken = {**good, "training": {**good["training"], "ttt_steps": 3}}   # SpecForge calls it ttt_length
+    (tmp_path / "broken.yaml").write_text(yaml.safe_dump(broken))
+    ok, verdict = validate_recipe(tmp_path / "broken.yaml")
+    assert not ok and "ttt_steps" in verdict
+
+
+def test_specforge_commands_serve_the_target_with_the_site_flags(tmp_path: Path) -> None:
+    cfg = box("+option=D")
+    steps = commands(cfg, tmp_path)
+    serve = next(s for s in steps if "--served-model-name" in s)   # through the sglang_patches launcher
+    assert "--tp-size 8" in serve and "--speculative-algorithm" not in serve
+    assert "SPECWS_SGLANG_PATCHES=sm12x_wna16_moe_triton" in serve
+    capture = next(s for s in steps if "prepare_hidden_states.py" in s)
+    assert "--tp-size 8" in capture and "--chat-template kimi-k2-instruct" in capture
+    assert any(s.startswith("specforge export --to sglang") for s in steps)
+
+
+def test_option_d_on_the_box_logs_a_d_plan_run(tmp_path: Path, specforge_ready) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_workspace("+option=D", "site=blackwell", f"tracking.uri={uri}",
+                         f"tracking.artifact_root={tmp_path / 'artifacts'}",
+                         f"train.specforge.work_dir={tmp_path / 'work'}", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("kimi_k25_int4@blackwell")
+    (run,) = client.search_runs([exp.experiment_id], "tags.`mlflow.runName` = 'D-plan'")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["specws.specforge_check"] == "offline local_colocated mlflow"
+    names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "specforge")}
+    assert names == {"draft_config.json", "recipe.yaml", "commands.sh"}
+    logged = yaml.safe_load((tmp_path / "work" / "recipe.yaml").read_text())
+    assert logged["tracking"] == {"report_to": "mlflow", "mlflow_tracking_uri": uri,
+                                  "mlflow_experiment_name": "kimi_k25_int4@blackwell",
+                                  "mlflow_run_name": "D-specforge-kimi_k25_int4"}
