@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from experiments.analysis.contamination import ContaminationCheck, check_contamination
 from experiments.analysis.stats import paired_speedup, prompt_totals, prompts_to_decide, ratio_interval, verdict
 from experiments.engines.base import RequestAcceptance
-from experiments.harness.contamination import ContaminationCheck, check_contamination
 
 ALL = "all"
 HIST_BIN = 0.25

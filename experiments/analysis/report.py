@@ -13,7 +13,7 @@ machine noise is not hidden (with 2 runs a t-interval on 1 degree of freedom say
 timing noise, not prompts (and, on engines that remember, measured the memory); the workload now draws
 disjoint prompts per repetition, which the prompt bootstrap covers. Runs without records keep the t-interval
 over runs' logged speedups. A configuration with a run flagged by the contamination check
-(experiments.harness.contamination) is marked "contaminated — not a verdict". Writes one self-contained HTML
+(experiments.analysis.contamination) is marked "contaminated — not a verdict". Writes one self-contained HTML
 and the PNG, logs both to the parent run (or to a new `report` run for an experiment), prints the path.
 """
 from __future__ import annotations
@@ -31,11 +31,11 @@ import numpy as np
 from scipy import stats
 
 from experiments.analysis.categories import ALL, accept_length_of, acceptor, category_rows
+from experiments.analysis.contamination import check_contamination
 from experiments.analysis.report_html import page
 from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.fit import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
 from experiments.analysis.speedup.model import PredictionUnavailable, levels_of, predict_run
-from experiments.harness.contamination import check_contamination
 from experiments.tracking.lifecycle import tracked_run
 from experiments.tracking.records import run_records
 

@@ -244,5 +244,5 @@ class EngineAdapter(ABC):
 
 
 def _patches(cfg: DictConfig) -> list[str]:
-    from experiments.harness.launch import sglang_patches_for
+    from experiments.engines.config import sglang_patches_for
     return sglang_patches_for(cfg)

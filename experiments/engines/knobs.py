@@ -14,7 +14,7 @@ def refuse_unused_knobs(cfg: DictConfig) -> None:
     """Raise preflight.Refused naming every spec setting a user gave that the engine would ignore. Settings
     the option overlay itself makes (e.g. option E's EAGLE steps when the model drafts with NGRAM) are the
     option's, not the user's: they are left to the option (and still listed by EngineAdapter.unused_knobs)."""
-    from experiments.harness.preflight import Refused
+    from experiments.config.errors import Refused
 
     reasons = adapter_for(cfg.engine.name).unused_knob_reasons(cfg)
     users = [why for knob, why in reasons.items() if not _set_by_option(cfg, knob)]

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 
+from experiments.engines.config import engine_name, site_args
+
 if TYPE_CHECKING:
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
@@ -31,8 +33,7 @@ def pair_key(cfg: DictConfig, engine_version: str, prompts_digest: str) -> str:
     """What must match for two runs to be compared: site, model, engine + version, server flags other
     than speculation, the pinned engine limits, and the whole workload including the loaded prompts' content."""
     ident = {"site": cfg.site.name, "model": cfg.model.name, "model_path": str(cfg.model.path),
-             "engine": cfg.engine.name, "engine_version": engine_version,
-             "site_args": OmegaConf.to_container(cfg.site.engine_args.get(cfg.engine.name) or []),
+             "engine": engine_name(cfg), "engine_version": engine_version, "site_args": site_args(cfg),
              "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
              "limits": OmegaConf.to_container(cfg.limits, resolve=True) if cfg.get("limits") else None,
              "workload": OmegaConf.to_container(cfg.workload, resolve=True),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.engines import adapter_for
+from experiments.engines.config import adapter_of, engine_name, sglang_patches_for, site_args
 
 
 @dataclass
@@ -41,17 +41,6 @@ class LaunchSpec:
         return {"engine": self.engine, "argv": self.argv, "env": self.env, "key": self.key, **self.extra}
 
 
-def sglang_patches_for(cfg: DictConfig) -> list[str]:
-    """The patches the launcher applies: the site's, then the option's (E: moe_budget), then expert_telemetry
-    when spec.moe_telemetry is on (after moe_budget, so that it counts the budgeted experts); none for an
-    engine other than SGLang."""
-    if cfg.engine.name != "sglang":
-        return []
-    option = cfg.option.get("patches") if cfg.get("option") else None
-    names = [*cfg.site.patches, *(option or []), *(["expert_telemetry"] if cfg.spec.get("moe_telemetry") else [])]
-    return list(dict.fromkeys(str(n) for n in names))
-
-
 def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
     """What the named patches read: the expert budget B (moe_budget), the telemetry folder (expert_telemetry)."""
     from sglang_patches.expert_telemetry import DIR_ENV
@@ -61,9 +50,8 @@ def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
 
 
 def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
-    adapter = adapter_for(cfg.engine.name)
-    site_args = list(cfg.site.engine_args.get(cfg.engine.name) or [])
-    args = [str(a) for a in [*adapter.model_args(cfg), *site_args, *adapter.spec_args(cfg), *cfg.engine.extra_args,
+    adapter = adapter_of(cfg)
+    args = [str(a) for a in [*adapter.model_args(cfg), *site_args(cfg), *adapter.spec_args(cfg), *cfg.engine.extra_args,
                              *adapter.limit_args(cfg)]]   # the same limits on every command line, baseline included
     # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
     if hasattr(adapter, "args_for_installed_version"):
@@ -74,7 +62,7 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
         from sglang_patches.launch import launcher_env
         env |= launcher_env(patches, cfg.site.name, str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")))
         env |= patch_env(cfg, patches)
-    return LaunchSpec(engine=cfg.engine.name, python=cfg.engine.python, module=cfg.engine.module,
+    return LaunchSpec(engine=engine_name(cfg), python=cfg.engine.python, module=cfg.engine.module,
                       args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},
                       health_path=cfg.engine.health_path, model_path=str(cfg.model.path),
                       extra={"sglang_patches": patches})

@@ -13,6 +13,7 @@ from experiments.config import paths
 from experiments.config.overlays import with_option
 from experiments.engines import adapter_for
 from experiments.engines.base import InvalidLaunch, Validation
+from experiments.engines.config import engine_tags
 from experiments.harness.baseline import find_baseline, pair_key
 from experiments.harness.launch import LaunchSpec, build_launch_spec
 from experiments.harness.measure import console, log_common_artifacts, measure
@@ -52,7 +53,7 @@ def measure_option(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequen
 
 def _dry_run(cfg: DictConfig, spec: LaunchSpec, validation: Validation, key: str, prepared: PreparedWorkload) -> dict:
     client, exp_id = setup(cfg)
-    tags = run_tags(cfg, validation.version, "dry_run") | {"specws.pair_key": key} | _extra_tags(cfg)
+    tags = run_tags(cfg, "dry_run", engine_tags(cfg, validation.version)) | {"specws.pair_key": key} | _extra_tags(cfg)
     with tracked_run(client, exp_id, cfg.run.name or f"{cfg.option.name}-plan", tags, flatten(cfg)) as run:
         log_common_artifacts(client, run.id, spec)
         client.log_dict(run.id, prepared.plan.describe(), "workload_plan.json")
@@ -83,7 +84,7 @@ def run_measured(cfg: DictConfig, spec: LaunchSpec, validation: Validation, key:
     """One measured MLflow run, ended FINISHED / FAILED / KILLED by the one run lifecycle."""
     client, exp_id = setup(cfg)
     name = cfg.run.name or f"{cfg.option.name}-{cfg.workload.name}"
-    tags = run_tags(cfg, validation.version, "measure") | {"specws.pair_key": key} | _extra_tags(cfg)
+    tags = run_tags(cfg, "measure", engine_tags(cfg, validation.version)) | {"specws.pair_key": key} | _extra_tags(cfg)
     with tracked_run(client, exp_id, name, tags, flatten(cfg)) as run:
         console.print(f"MLflow run [bold]{name}[/] ({run.id}) in {cfg.tracking.experiment}")
         log_common_artifacts(client, run.id, spec)

@@ -6,12 +6,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.config.errors import Refused  # noqa: F401  (re-exported for the callers)
+from experiments.engines.config import available_on_site, engine_name, sglang_patches_for, site_args
 from experiments.engines.knobs import refuse_unused_knobs
 from sglang_patches import UnknownPatch, resolve
-
-
-class Refused(RuntimeError):
-    """The run cannot start; the message says why and what would work instead."""
 
 
 def check_option(cfg: DictConfig) -> None:
@@ -29,8 +27,8 @@ def check_option(cfg: DictConfig) -> None:
             hint += f"; on this site it runs offline: {opt.offline}"
         raise Refused(f"option {opt.name} ({opt.title}) needs {opt.engine}, which site "
                       f"{cfg.site.name} does not have (it has {site_engines}){hint}")
-    if cfg.engine.name not in site_engines:
-        raise Refused(f"engine {cfg.engine.name} is not available on site {cfg.site.name} "
+    if not available_on_site(cfg):
+        raise Refused(f"engine {engine_name(cfg)} is not available on site {cfg.site.name} "
                       f"(it has {site_engines})")
     check_patches(cfg)
     refuse_unused_knobs(cfg)
@@ -45,7 +43,6 @@ def check_option(cfg: DictConfig) -> None:
 def check_patches(cfg: DictConfig) -> None:
     """Patches exist and reach SGLang through the launcher; a budget is a positive integer (B >= the model's
     routed experts = unbudgeted); expert telemetry runs without CUDA graphs (graph replays run no Python)."""
-    from experiments.harness.launch import sglang_patches_for
     patches = sglang_patches_for(cfg)
     try:
         resolve(patches)
@@ -56,7 +53,7 @@ def check_patches(cfg: DictConfig) -> None:
     budget = str(cfg.spec.get("moe_expert_budget"))
     if "moe_budget" in patches and not (budget.isdigit() and int(budget) >= 1):
         raise Refused(f"spec.moe_expert_budget must be a positive integer, got {budget!r}")
-    args = [*(cfg.site.engine_args.get(cfg.engine.name) or []), *cfg.engine.extra_args]
+    args = [*site_args(cfg), *cfg.engine.extra_args]
     if "expert_telemetry" in patches and "--disable-cuda-graph" not in args:
         raise Refused("spec.moe_telemetry=true counts experts in Python, which CUDA-graph replays skip: add "
                       "'engine.extra_args=[--disable-cuda-graph]' (the baseline then runs without graphs too)")
@@ -91,7 +88,7 @@ def check_assets(cfg: DictConfig) -> None:
         check_head_fits(head, model)
     python = Path(str(cfg.engine.python))
     if python.is_absolute() and not python.exists():
-        raise Refused(f"engine {cfg.engine.name}: interpreter {python} does not exist; "
+        raise Refused(f"engine {engine_name(cfg)}: interpreter {python} does not exist; "
                       + ("run `bin/setup` once" if cfg.model.embedded else "set engine.python"))
 
 

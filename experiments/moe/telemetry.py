@@ -167,6 +167,7 @@ def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) 
     from hydra import compose, initialize_config_dir
 
     from experiments.config.paths import ROOT
+    from experiments.engines.config import engine_tags
     from experiments.tracking.lifecycle import tracked_run
     from experiments.tracking.store import flatten, run_tags, setup
 
@@ -175,7 +176,8 @@ def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) 
     client, exp_id = setup(cfg)
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("model.", "site.name"))}
     params |= {"telemetry.max_new_tokens": str(result["max_new_tokens"]), "telemetry.prompts": str(result["prompts"])}
-    with tracked_run(client, exp_id, "E-telemetry", run_tags(cfg, "hf-offline", "telemetry"), params) as run:
+    tags = run_tags(cfg, "telemetry", engine_tags(cfg, "hf-offline"))
+    with tracked_run(client, exp_id, "E-telemetry", tags, params) as run:
         _log_growth(client, run.id, result, own, served)
     return run.id
 

@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.engines.config import engine_tags
 from experiments.harness.measure import console
 from experiments.harness.preflight import Refused, check_moe_model
 from experiments.moe.routing import (
@@ -124,7 +125,8 @@ def run_offline(cfg: DictConfig) -> dict:
         raise Refused(f"spec.offline_mode must be teacher_text or free, got {mode!r}")
     metrics["budget_fraction"] = budget / num_experts
     client, exp_id = setup(cfg)
-    tags = run_tags(cfg, "hf-offline", "measure") | {"specws.spec_method": "ngram (offline, HF forward)"}
+    tags = run_tags(cfg, "measure", engine_tags(cfg, "hf-offline"))
+    tags["specws.spec_method"] = "ngram (offline, HF forward)"
     with tracked_run(client, exp_id, f"E-offline-B{budget}", tags, flatten(cfg)) as run:
         for key, value in metrics.items():
             client.log_metric(run.id, key, float(value))

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.overlays import with_option
 from experiments.config.paths import cache_dir
+from experiments.engines.config import engine_tags
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.measure import console
 from experiments.harness.preflight import Refused
@@ -131,7 +132,7 @@ def plan(cfg: DictConfig) -> dict:
     if not ok:
         raise Refused(f"SpecForge's config schema refused the composed recipe {work / 'recipe.yaml'}:\n{verdict}")
     client, exp_id = setup(cfg)
-    tags = run_tags(cfg, "specforge", "plan") | {"specws.specforge_check": verdict}
+    tags = run_tags(cfg, "plan", engine_tags(cfg, "specforge")) | {"specws.specforge_check": verdict}
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
     with tracked_run(client, exp_id, "D-plan", tags, params) as run:
         for name in files:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.overlays import with_option
+from experiments.engines.config import engine_tags
 from experiments.harness.measure import console
 from experiments.harness.pipeline import PostRun, measure_option
 from experiments.harness.prepare import PreparedWorkload
@@ -29,7 +30,7 @@ def train_and_evaluate(cfg: DictConfig, prepared: PreparedWorkload, post_run: Se
         return plan(cfg)
     client, exp_id = setup(cfg)
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
-    with tracked_run(client, exp_id, "D-train", run_tags(cfg, "n/a", "train"), params) as run:
+    with tracked_run(client, exp_id, "D-train", run_tags(cfg, "train", engine_tags(cfg, "n/a")), params) as run:
         console.print(f"MLflow run [bold]D-train[/] ({run.id}): training an EAGLE-3 head for {cfg.model.name}")
         metrics = _train(cfg, client, run.id)
     result = measure_option(_as_evaluation(cfg, run.id), prepared, post_run)

@@ -4,10 +4,13 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")
+from typing import TYPE_CHECKING  # noqa: E402
+
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from experiments.engines.base import Acceptance  # noqa: E402
+if TYPE_CHECKING:
+    from experiments.engines.base import Acceptance
 
 
 def throughput_vs_concurrency(option: dict[int, float], baseline: dict[int, float] | None,

@@ -113,37 +113,22 @@ def git_commit() -> str:
         return "unknown"
 
 
-def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
-    """Option E: the expert budget B the server ran with; B >= the model's routed experts is unbudgeted."""
-    if "moe_budget" not in patches:
-        return {}
-    budget, experts = cfg.spec.moe_expert_budget, OmegaConf.select(cfg, "model.moe.num_experts")
-    unbudgeted = "unknown" if experts is None else str(int(budget) >= int(experts)).lower()
-    return {"specws.moe_expert_budget": str(budget), "specws.moe_num_experts": str(experts),
-            "specws.moe_unbudgeted": unbudgeted}
-
-
 def host_fingerprint(cfg: DictConfig) -> str:
     """The machine a baseline was measured on, for the drift check of a stored baseline: host name, CPU count,
     accelerator kind and the engine interpreter (another environment is another engine build)."""
     return f"{platform.node()}/{os.cpu_count()}cpu/{cfg.site.accelerator}/{cfg.engine.python}"
 
 
-def run_tags(cfg: DictConfig, engine_version: str, mode: str) -> dict[str, str]:
-    from experiments.harness.launch import sglang_patches_for
-    requested = sglang_patches_for(cfg)
-    return moe_budget_tags(cfg, requested) | {
+def run_tags(cfg: DictConfig, mode: str, engine: dict[str, str]) -> dict[str, str]:
+    """What a run is and where it ran; `engine` is the engine's own tags (experiments.engines.config.engine_tags)."""
+    return engine | {
         "specws.option": cfg.option.name, "specws.site": cfg.site.name, "specws.model": cfg.model.name,
-        "specws.engine": cfg.engine.name, "specws.engine_version": engine_version,
         "specws.workload": cfg.workload.name, "specws.mode": mode,
         "specws.spec_method": cfg.spec.method, "git.commit": git_commit(),
         "host.platform": platform.platform(), "host.cpu_count": str(os.cpu_count()),
         "host.accelerator": cfg.site.accelerator, "specws.host": host_fingerprint(cfg),
         "versions.mlflow": _version("mlflow"), "versions.hydra": _version("hydra-core"),
         "versions.torch": _version("torch"), "versions.sglang": _version("sglang"),
-        "sglang_patches.requested": ",".join(requested) or "none",
-        # replaced by the launcher's report once the server has started (measure._log_patches)
-        "sglang_patches.applied": "none" if cfg.engine.name != "sglang" else "no launcher report yet",
     }
 
 

@@ -12,6 +12,7 @@ from conftest import compose_cfg
 from experiments import run
 from experiments.config.paths import cache_dir
 from experiments.engines import sglang_versions
+from experiments.engines.config import engine_tags
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.sglang_versions import RENAMES, flags_for_version, installed_sglang
 from experiments.harness.launch import build_launch_spec
@@ -112,7 +113,7 @@ def test_run_is_tagged_with_the_serving_release(sglang_release: str, monkeypatch
     spec, validation = run.validated_spec(cfg)
     assert spec.python == "python3"  # the default without SGLANG_PYTHON: the interpreter running the workspace
     assert validation.version == sglang_release == installed_sglang(sys.executable).version
-    assert run_tags(cfg, validation.version, "dry_run")["specws.engine_version"] == sglang_release
+    assert run_tags(cfg, "dry_run", engine_tags(cfg, validation.version))["specws.engine_version"] == sglang_release
 
 
 def test_a_parser_of_another_release_than_the_probed_one_is_refused(monkeypatch) -> None:

@@ -11,6 +11,7 @@ import pytest
 from conftest import compose_cfg, run_workspace
 
 from experiments.config.paths import ROOT
+from experiments.engines.config import engine_tags
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.preflight import Refused, check_option
 from experiments.tracking.offline_store import OfflineClient
@@ -34,7 +35,7 @@ def test_e_on_h200_launches_sglang_ngram_through_the_patch_launcher_with_the_bud
     assert spec.env["PYTHONPATH"].split(":")[0] == str(ROOT)             # the launcher finds sglang_patches
     assert "SPECWS_EXPERT_TELEMETRY_DIR" not in spec.env
     assert spec.to_dict()["sglang_patches"] == ["moe_budget"]
-    tags = run_tags(cfg, "0.5.14", "measure")
+    tags = run_tags(cfg, "measure", engine_tags(cfg, "0.5.14"))
     assert tags["sglang_patches.requested"] == "moe_budget"
     assert (tags["specws.moe_expert_budget"], tags["specws.moe_num_experts"], tags["specws.moe_unbudgeted"]) == \
         ("8", "32", "false")
@@ -47,7 +48,7 @@ def test_each_budget_is_its_own_server_and_b_equal_to_the_experts_is_unbudgeted(
     assert len({tuple(s.args) for s in specs.values()}) == 1               # only the budget differs
     full = compose_cfg(*SMALL_MOE, "spec.moe_expert_budget=32")
     assert specs[32].env["SPECWS_SGLANG_PATCHES"] == "moe_budget"        # applied, and a no-op (below)
-    assert run_tags(full, "0.5.14", "measure")["specws.moe_unbudgeted"] == "true"
+    assert run_tags(full, "measure", engine_tags(full, "0.5.14"))["specws.moe_unbudgeted"] == "true"
 
 
 def test_budget_at_the_expert_count_returns_sglangs_top_k_unchanged() -> None:

@@ -9,8 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.categories import acceptor, category_rows, log_category_results
+from experiments.analysis.contamination import check_contamination, with_visits
 from experiments.analysis.report import records_of
-from experiments.harness.contamination import check_contamination, with_visits
 from experiments.tracking.offline_store import OfflineClient
 
 EXPERIMENT = "smollm2_135m@h200"

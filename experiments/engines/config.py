@@ -1,0 +1,56 @@
+"""What the composed config says about its engine: which one, its site flags, the SGLang patches it applies and
+the run tags that record them. Outside the adapters, the only place that reads the engine's name."""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.engines import EngineAdapter, adapter_for
+
+
+def engine_name(cfg: DictConfig) -> str:
+    return str(cfg.engine.name)
+
+
+def adapter_of(cfg: DictConfig) -> EngineAdapter:
+    return adapter_for(engine_name(cfg))
+
+
+def site_args(cfg: DictConfig) -> list[str]:
+    """The site's flags for this engine (conf/site/<site>.yaml `engine_args.<engine>`)."""
+    return [str(a) for a in cfg.site.engine_args.get(engine_name(cfg)) or []]
+
+
+def available_on_site(cfg: DictConfig) -> bool:
+    return engine_name(cfg) in list(cfg.site.engines)
+
+
+def sglang_patches_for(cfg: DictConfig) -> list[str]:
+    """The patches the launcher applies: the site's, then the option's (E: moe_budget), then expert_telemetry
+    when spec.moe_telemetry is on (after moe_budget, so that it counts the budgeted experts); none for an
+    engine other than SGLang."""
+    if engine_name(cfg) != "sglang":
+        return []
+    option = cfg.option.get("patches") if cfg.get("option") else None
+    names = [*cfg.site.patches, *(option or []), *(["expert_telemetry"] if cfg.spec.get("moe_telemetry") else [])]
+    return list(dict.fromkeys(str(n) for n in names))
+
+
+def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
+    """Option E: the expert budget B the server ran with; B >= the model's routed experts is unbudgeted."""
+    if "moe_budget" not in patches:
+        return {}
+    budget, experts = cfg.spec.moe_expert_budget, OmegaConf.select(cfg, "model.moe.num_experts")
+    unbudgeted = "unknown" if experts is None else str(int(budget) >= int(experts)).lower()
+    return {"specws.moe_expert_budget": str(budget), "specws.moe_num_experts": str(experts),
+            "specws.moe_unbudgeted": unbudgeted}
+
+
+def engine_tags(cfg: DictConfig, engine_version: str) -> dict[str, str]:
+    """The engine, its release and the patches requested; `sglang_patches.applied` is replaced by the launcher's
+    report once the server has started (harness.measure)."""
+    requested = sglang_patches_for(cfg)
+    sglang = engine_name(cfg) == "sglang"
+    return moe_budget_tags(cfg, requested) | {
+        "specws.engine": engine_name(cfg), "specws.engine_version": engine_version,
+        "sglang_patches.requested": ",".join(requested) or "none",
+        "sglang_patches.applied": "no launcher report yet" if sglang else "none"}
