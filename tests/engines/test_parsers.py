@@ -10,8 +10,8 @@ from conftest import VLLM_PYTHON, compose_cfg
 from experiments.engines.base import InvalidLaunch
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.harness.launch import build_launch_spec
+from experiments.harness.pipeline import validated_spec
 from experiments.harness.ports import free_port, port_is_free
-from experiments.run import validated_spec
 
 sglang = pytest.importorskip("sglang")  # installed by bin/setup; CI has it
 

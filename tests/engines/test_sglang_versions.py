@@ -9,12 +9,12 @@ import sys
 import pytest
 from conftest import compose_cfg
 
-from experiments import run
 from experiments.config.paths import cache_dir
 from experiments.engines import sglang_versions
 from experiments.engines.config import engine_tags
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.sglang_versions import RENAMES, flags_for_version, installed_sglang
+from experiments.harness import pipeline
 from experiments.harness.launch import build_launch_spec
 from experiments.tracking.store import run_tags
 
@@ -108,9 +108,9 @@ def test_rename_table_names_flags_the_parsers_know(sglang_release: str) -> None:
 
 
 def test_run_is_tagged_with_the_serving_release(sglang_release: str, monkeypatch) -> None:
-    monkeypatch.setattr(run, "_validated", {})  # its cache is per command line, not per interpreter
+    monkeypatch.setattr(pipeline, "_validated", {})  # its cache is per command line, not per interpreter
     cfg = compose_cfg("+option=A", "site=h200")
-    spec, validation = run.validated_spec(cfg)
+    spec, validation = pipeline.validated_spec(cfg)
     assert spec.python == "python3"  # the default without SGLANG_PYTHON: the interpreter running the workspace
     assert validation.version == sglang_release == installed_sglang(sys.executable).version
     assert run_tags(cfg, "dry_run", engine_tags(cfg, validation.version))["specws.engine_version"] == sglang_release

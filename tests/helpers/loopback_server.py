@@ -117,13 +117,13 @@ class LoopbackServer:
 
 def start_loopback(ttft_ms: float, itl_ms: float, tokens_per_event: int = 1, log_path: Path | None = None,
                    timeout_s: float = 30.0) -> Server:
-    """The loopback server in its own process group, healthy, on a free port; log in a fresh temporary folder
-    unless `log_path` is given."""
+    """The loopback server in its own process group, healthy, on a free port; its log appended to one file per
+    calling process in the temporary folder unless `log_path` is given."""
     pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     spec = LaunchSpec(engine="loopback", python=sys.executable, module=MODULE,
                       args=["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens-per-event",
                             str(tokens_per_event)], env={"PYTHONPATH": pythonpath}, health_path="/health")
-    server = Server(spec, log_path or Path(tempfile.mkdtemp(prefix="specws-loopback-")) / "server.log")
+    server = Server(spec, log_path or Path(tempfile.gettempdir()) / f"specws-loopback-{os.getpid()}.log")
     server.start(timeout_s, health_poll_s=0.1)
     return server
 
