@@ -35,7 +35,8 @@ class PreparedWorkload:
 
 
 def levels_of(cfg: DictConfig) -> list[int]:
-    levels = OmegaConf.to_container(cfg.workload.concurrency, resolve=True)
+    levels = cfg.workload.concurrency  # one level may be given alone: workload.concurrency=4
+    levels = OmegaConf.to_container(levels, resolve=True) if OmegaConf.is_list(levels) else [levels]
     if not isinstance(levels, list) or not levels or any(not isinstance(c, int) or c < 1 for c in levels):
         raise WorkloadError(f"workload.concurrency must be a non-empty list of positive integers, got {levels!r} "
                             "(e.g. 'workload.concurrency=[1,4]')")
