@@ -38,11 +38,11 @@ POST_RUN = (log_run_analysis,)
 def experiment(cfg: DictConfig) -> dict:
     check_option(cfg)
     try:
-        views_of(cfg)
+        views = views_of(cfg)
     except ConfigError as exc:
         raise Refused(str(exc)) from None
     try:  # before anything starts, dry runs included: a broken row costs no engine start
-        prepared = prepare_workload(cfg)
+        prepared = prepare_workload(cfg, views.workload)
     except WorkloadError as exc:
         raise Refused(f"workload {cfg.workload.name}: {exc}") from None
     runner = get_method(cfg.option.runner._target_)

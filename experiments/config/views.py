@@ -25,6 +25,7 @@ class WorkloadView:
     prompt_set: str
     concurrency: list[int]
     max_tokens: int
+    format: str = "auto"
     temperature: float = 0.0
     seed: int = 0
     repetitions: int = 1
@@ -101,7 +102,8 @@ def _typed(schema: type, node: DictConfig | None, section: str, **fixes: Any):
         picked = {f.name: data[f.name] for f in fields(schema) if f.name in data} | fixes
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), picked))
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"{section}: {exc.msg if hasattr(exc, 'msg') else exc}".splitlines()[0]) from None
+        key = f"{section}.{exc.full_key}" if getattr(exc, "full_key", None) else section
+        raise ConfigError(f"{key}: {getattr(exc, 'msg', exc)}".splitlines()[0]) from None
 
 
 def views_of(cfg: DictConfig) -> RunView:

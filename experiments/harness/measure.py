@@ -55,8 +55,8 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
         client.set_tag(run_id, "specws.port", str(spec.port))
         limits = adapter.effective_limits(server.base_url, validation)
         _log_limits(client, run_id, limits, baseline)
-        w = cfg.workload
-        settings = RequestSettings(int(w.max_tokens), float(w.temperature), int(w.seed), float(w.request_timeout_s))
+        w = prepared.workload
+        settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s)
         runner = WorkloadRunner(server, adapter, cfg.model.name, settings, prepared.render(), records_path)
         levels = runner.run(prepared.plan)
         summary = summarize(levels, adapter)
@@ -75,7 +75,7 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
             client.set_tag(run_id, "specws.baseline_run_id", baseline.info.run_id)
             base_tok_s = {int(k.removeprefix("output_tok_s_c")): v for k, v in bm.items()
                           if k.startswith("output_tok_s_c")}
-            if float(w.temperature) == 0.0:
+            if w.temperature == 0.0:
                 metrics.update(_greedy_check(client, run_id, baseline, records_path, server, adapter,
                                              cfg))
             else:
@@ -105,7 +105,7 @@ def _server_for(cfg: DictConfig, spec: LaunchSpec, log_path: Path, prepared: Pre
     by a fresh one (its caches would measure the earlier visits) unless the workload reuses prompts."""
     s = cfg.server
     server, reused = POOL.acquire(spec, log_path, s.startup_timeout_s, s.port, s.reuse, s.pool_size)
-    seen = server.visits.seen(prepared.measured_ids()) if reused and not cfg.workload.reuse_prompts else set()
+    seen = server.visits.seen(prepared.measured_ids()) if reused and not prepared.workload.reuse_prompts else set()
     if seen:
         console.print(f"the shared server has already served {len(seen)} of this run's prompts: starting a fresh one")
         server, reused = POOL.acquire(spec, log_path, s.startup_timeout_s, s.port, False, s.pool_size)

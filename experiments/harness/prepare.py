@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from experiments.config.views import WorkloadView
 from experiments.harness.workloads.formats import Conversation, WorkloadError
 from experiments.harness.workloads.loader import SHAREGPT, load_workload, prompt_set_digest
 from experiments.harness.workloads.render import fit_to_context, render_turn
@@ -23,6 +24,7 @@ class PreparedWorkload:
     plan: VisitPlan
     digest: str
     tokenizer: object | None             # None: the model is not on this machine (a box plan checked from here)
+    workload: WorkloadView               # the typed workload settings the plan was made from
 
     def render(self) -> Callable[[Conversation, int, list[str]], list[int]]:
         if self.tokenizer is None:
@@ -34,15 +36,6 @@ class PreparedWorkload:
         return {c.id for convs in self.plan.measured.values() for c in convs}
 
 
-def levels_of(cfg: DictConfig) -> list[int]:
-    levels = cfg.workload.concurrency  # one level may be given alone: workload.concurrency=4
-    levels = OmegaConf.to_container(levels, resolve=True) if OmegaConf.is_list(levels) else [levels]
-    if not isinstance(levels, list) or not levels or any(not isinstance(c, int) or c < 1 for c in levels):
-        raise WorkloadError(f"workload.concurrency must be a non-empty list of positive integers, got {levels!r} "
-                            "(e.g. 'workload.concurrency=[1,4]')")
-    return levels
-
-
 def _tokenizer(model_path: str):
     if not (Path(model_path) / "config.json").exists():
         return None
@@ -50,17 +43,15 @@ def _tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def prepare_workload(cfg: DictConfig) -> PreparedWorkload:
-    """Raises WorkloadError naming the file, line and fix."""
-    w = cfg.workload
-    levels = levels_of(cfg)
+def prepare_workload(cfg: DictConfig, w: WorkloadView) -> PreparedWorkload:
+    """The workload `w` (the run's typed view) for the model of `cfg`; raises WorkloadError naming the file,
+    line and fix."""
     # real conversations (ShareGPT: ~90k of them) are sampled first and cut to fit; a user's file is refused
-    cut = str(w.prompt_set) == SHAREGPT
-    sample = int(w.num_prompts) + int(w.warmup_requests) + SHAREGPT_SPARE if cut and w.num_prompts else None
-    convs = load_workload(str(w.prompt_set), str(w.format), sample, int(w.seed), w.max_turns)
+    cut = w.prompt_set == SHAREGPT
+    sample = w.num_prompts + w.warmup_requests + SHAREGPT_SPARE if cut and w.num_prompts else None
+    convs = load_workload(w.prompt_set, w.format, sample, w.seed, w.max_turns)
     tokenizer = _tokenizer(str(cfg.model.path))
     if tokenizer is not None:
-        convs = fit_to_context(convs, tokenizer, int(cfg.model.max_model_len), int(w.max_tokens), cut)
-    plan = plan_visits(convs, levels, int(w.repetitions), int(w.warmup_requests), int(w.seed),
-                       bool(w.reuse_prompts), w.num_prompts)
-    return PreparedWorkload(convs, plan, prompt_set_digest(convs), tokenizer)
+        convs = fit_to_context(convs, tokenizer, int(cfg.model.max_model_len), w.max_tokens, cut)
+    plan = plan_visits(convs, w.concurrency, w.repetitions, w.warmup_requests, w.seed, w.reuse_prompts, w.num_prompts)
+    return PreparedWorkload(convs, plan, prompt_set_digest(convs), tokenizer, w)
