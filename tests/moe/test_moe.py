@@ -275,48 +275,32 @@ def test_option_e_refusals():
 def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path):
     """vLLM's DeepSeek-V3 code (CPU MLA, CPU fused MoE with grouped sigmoid routing) serves the built model;
     every greedy token it returns is HF's top-1 or a near-tie of it (bf16 serving vs fp32 reference)."""
-    import subprocess
-    import time
-
     import httpx
     from conftest import VLLM_PYTHON
 
-    from experiments.harness.ports import free_port
+    from experiments.harness.launch import LaunchSpec
+    from experiments.harness.server import Server
     from experiments.moe.model import load_model
 
     if not (model_dir() / "build.json").exists():
         pytest.skip("the small MoE is not built here (python -m experiments.moe.build, ~15 min)")
-    port = free_port()
-    env = {**__import__("os").environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto",
-           "HF_HUB_OFFLINE": "1"}
-    log = (tmp_path / "vllm.log").open("w")
-    proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir()),
-                             "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len",
-                             "1024", "--enforce-eager", "--served-model-name", "tiny"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    spec = LaunchSpec(engine="vllm", python=str(VLLM_PYTHON), module="vllm.entrypoints.openai.api_server",
+                      args=["--model", str(model_dir()), "--dtype", "bfloat16", "--max-model-len", "1024",
+                            "--enforce-eager", "--served-model-name", "tiny"],
+                      env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"},
+                      health_path="/health")
+    server = Server(spec, tmp_path / "vllm.log")
     prompts = [p["token_ids"] for p in json.loads((ROOT / "experiments/moe/prompts.json").read_text())["prompts"][:3]]
+    server.start(900)
     try:
-        deadline = time.time() + 900
-        while True:
-            assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, "vLLM did not become healthy"
-            time.sleep(3)
         outputs = []
         for ids in prompts:
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300, json={
+            r = httpx.post(f"{server.base_url}/v1/completions", timeout=300, json={
                 "model": "tiny", "prompt": ids, "max_tokens": 16, "temperature": 0, "return_token_ids": True})
             r.raise_for_status()
             outputs.append(r.json()["choices"][0]["token_ids"])
     finally:
-        import os
-        import signal
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        server.stop()
     model = load_model()
     for ids, out in zip(prompts, outputs, strict=True):
         assert len(out) == 16
