@@ -24,7 +24,7 @@ from experiments.config.views import ConfigError, views_of
 from experiments.engines.base import InvalidLaunch
 from experiments.harness.baseline import PairingRefused
 from experiments.harness.measure import console
-from experiments.harness.preflight import Refused, check_option
+from experiments.harness.preflight import Refused, check_inputs, check_option
 from experiments.harness.prepare import prepare_workload
 from experiments.harness.server import POOL
 from experiments.harness.workloads.formats import WorkloadError
@@ -37,6 +37,7 @@ POST_RUN = (log_run_analysis,)
 
 def experiment(cfg: DictConfig) -> dict:
     check_option(cfg)
+    check_inputs(cfg)
     try:
         views = views_of(cfg)
     except ConfigError as exc:
@@ -56,6 +57,7 @@ def _raise_interrupt(signum, frame):
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGHUP, _raise_interrupt)   # a closed terminal: torn down and KILLED like Ctrl-C
     # A shell starting us in the background (`cmd &`, nohup, some CI runners) leaves SIGINT ignored, and Python
     # then never raises KeyboardInterrupt: Ctrl-C / `kill -INT` must still tear the servers down.
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -15,9 +15,64 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def _progress_to(log_file, t_start: float) -> Callable[[str], None]:
+    """A progress printer that also appends to `log_file`, stamped with the seconds since `t_start`."""
+    def progress(msg: str) -> None:
+        line = f"[{time.time() - t_start:6.1f}s] {msg}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    return progress
+
+
+def _features_and_target_weights(a: argparse.Namespace, rows: list[dict], aux_layer_ids, device: str,
+                                 progress: Callable[[str], None]):
+    """The aux features of `rows` from the target on `device`, and the target's input embeddings, output
+    projection and final norm weight (fp32, CPU); the target is freed afterwards."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from experiments.eagle3.features import extract
+
+    target = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval().to(device)
+    feats = extract(rows, target, aux_layer_ids, a.feature_tokens, progress)
+    embed = target.get_input_embeddings().weight.detach().float().cpu().clone()
+    lm_head_w = target.get_output_embeddings().weight.detach().float().cpu().clone()
+    final_norm = target.get_decoder().norm.weight.detach().float().cpu().clone()
+    del target
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return feats, embed, lm_head_w, final_norm
+
+
+def _evaluate_prompt_sets(head, a: argparse.Namespace, device: str, progress: Callable[[str], None]) -> dict:
+    """Offline acceptance estimates on the serving prompt sets `a.eval_sets`, each reported."""
+    from experiments.eagle3.offline_eval import evaluate_sets
+
+    results = evaluate_sets(head, str(a.model), a.eval_sets, 128, a.ttt_steps, device)
+    for name, r in results.items():
+        progress(f"offline on {name}: per-step accuracy "
+                 + "/".join(f"{r[f'acc_{k}']:.3f}" for k in range(a.ttt_steps))
+                 + f", accept≈{r.get('accept_length_est_3', r['accept_length_est']):.2f} with 3 drafts")
+    return results
+
+
+def _export_checked(head, dest: Path) -> dict:
+    """Export the head (vLLM and SGLang layouts); refuse any file over the transfer limit."""
+    from experiments.eagle3.export import export_head
+
+    paths = export_head(head, dest)
+    for p in (*paths["vllm"].iterdir(), *paths["sglang"].iterdir()):
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise RuntimeError(f"{p} is {p.stat().st_size} bytes, over the 16 MiB transfer limit")
+    return paths
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -26,19 +81,12 @@ def run(a: argparse.Namespace) -> dict:
     os.environ.setdefault("SPECWS_EAGLE3_CACHE", str(a.work))     # the answers cache (JSONL), kept out of `out`
     log_file = (out / "gpu_run.log").open("a")
     t_start = time.time()
-
-    def progress(msg: str) -> None:
-        line = f"[{time.time() - t_start:6.1f}s] {msg}"
-        print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+    progress = _progress_to(log_file, t_start)
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from experiments.eagle3.data import DataSettings, generate_responses, load_rows
-    from experiments.eagle3.export import export_head
-    from experiments.eagle3.features import extract
     from experiments.eagle3.head import HeadConfig
     from experiments.eagle3.train import TrainSettings, resolve_device, train
 
@@ -50,32 +98,16 @@ def run(a: argparse.Namespace) -> dict:
                       batch_size=a.gen_batch, device=device, synthetic_prompts=a.synthetic_prompts)
     rows = load_rows(generate_responses(ds, progress))
     t_data = time.time() - t_start
-    target = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval().to(device)
-    feats = extract(rows, target, cfg.aux_layer_ids, a.feature_tokens, progress)
-    embed = target.get_input_embeddings().weight.detach().float().cpu().clone()
-    lm_head_w = target.get_output_embeddings().weight.detach().float().cpu().clone()
-    final_norm = target.get_decoder().norm.weight.detach().float().cpu().clone()
-    del target
-    if gpu:
-        torch.cuda.empty_cache()
+    feats, embed, lm_head_w, final_norm = _features_and_target_weights(a, rows, cfg.aux_layer_ids, device, progress)
     progress(f"features: {feats.ids.numel()} tokens of {feats.num_sequences} sequences")
     s = TrainSettings(ttt_steps=a.ttt_steps, draft_vocab_size=cfg.draft_vocab_size, learning_rate=a.lr,
                       steps=a.steps, time_budget_s=a.minutes * 60, batch_tokens=a.batch_tokens, seed=a.seed,
                       eval_every=a.eval_every, warmup_steps=a.warmup_steps, device=device)
     head, metrics = train(feats, cfg, embed, lm_head_w, final_norm, s, None, progress)
     if a.eval_sets:
-        from experiments.eagle3.offline_eval import evaluate_sets
-
-        metrics["prompt_sets"] = evaluate_sets(head, str(a.model), a.eval_sets, 128, a.ttt_steps, device)
-        for name, r in metrics["prompt_sets"].items():
-            progress(f"offline on {name}: per-step accuracy "
-                     + "/".join(f"{r[f'acc_{k}']:.3f}" for k in range(a.ttt_steps))
-                     + f", accept≈{r.get('accept_length_est_3', r['accept_length_est']):.2f} with 3 drafts")
+        metrics["prompt_sets"] = _evaluate_prompt_sets(head, a, device, progress)
     head.cpu()
-    paths = export_head(head, out / a.name)
-    for p in (*paths["vllm"].iterdir(), *paths["sglang"].iterdir()):
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise RuntimeError(f"{p} is {p.stat().st_size} bytes, over the 16 MiB transfer limit")
+    paths = _export_checked(head, out / a.name)
     metrics.update(data_seconds=t_data, total_seconds=time.time() - t_start, data_key=ds.key(),
                    aux_layer_ids=list(cfg.aux_layer_ids), target=str(a.model), device=device,
                    num_prompts=a.num_prompts, synthetic_prompts=a.synthetic_prompts, max_new_tokens=a.max_new_tokens,

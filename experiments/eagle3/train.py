@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from experiments.eagle3.batches import Batches, split_sequences  # noqa: F401  (offline_eval imports Batches here)
 from experiments.eagle3.features import Features
 from experiments.eagle3.head import Eagle3Head, HeadConfig, select_draft_vocab
 
@@ -47,52 +48,6 @@ class TrainSettings:
     seed: int = 0
     device: str = "cpu"               # where the head trains; the features must already be there
     keep_best: bool = True            # end with the weights of the best validation accept length seen
-
-
-def split_sequences(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    g = torch.Generator().manual_seed(seed + 1)
-    perm = torch.randperm(n, generator=g).tolist()
-    n_val = max(1, int(round(n * val_fraction))) if n > 1 else 0
-    return sorted(perm[n_val:]), sorted(perm[:n_val])
-
-
-class Batches:
-    """Whole sequences, length-sorted, right-padded to ≤ batch_tokens per batch."""
-
-    def __init__(self, f: Features, seqs: list[int], batch_tokens: int, label_perm: torch.Tensor | None = None):
-        self.f = f
-        self.device = f.ids.device
-        self.label_src = (torch.arange(f.ids.numel()) if label_perm is None else label_perm).to(self.device)
-        lens = {s: int(f.offsets[s + 1] - f.offsets[s]) for s in seqs}
-        order = sorted(seqs, key=lambda s: lens[s])
-        self.batches: list[list[int]] = []
-        cur: list[int] = []
-        for s in order:
-            if cur and (len(cur) + 1) * lens[s] > batch_tokens:
-                self.batches.append(cur)
-                cur = []
-            cur.append(s)
-        if cur:
-            self.batches.append(cur)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def get(self, i: int) -> dict[str, torch.Tensor]:
-        f, seqs = self.f, self.batches[i]
-        lens = [int(f.offsets[s + 1] - f.offsets[s]) for s in seqs]
-        t = max(lens)
-        idx = torch.full((len(seqs), t), -1, dtype=torch.int64)
-        valid = torch.zeros(len(seqs), t, dtype=torch.bool)
-        for b, s in enumerate(seqs):
-            a = int(f.offsets[s])
-            idx[b, : lens[b]] = torch.arange(a, a + lens[b])
-            valid[b, int(f.prompt_lens[s]): lens[b] - 1] = True   # position p: target predicts answer token p+1
-        idx, valid = idx.to(self.device), valid.to(self.device)
-        flat = idx.clamp(min=0)
-        src = self.label_src[flat]              # the shuffle control takes targets from other positions
-        return {"ids": torch.where(idx >= 0, f.ids[flat], 0), "aux": f.aux[flat], "valid": valid,
-                "final": f.final[src], "next": torch.where(valid, f.ids[(src + 1).clamp(max=f.ids.numel() - 1)], -1)}
 
 
 def _shift(x: torch.Tensor, k: int, fill) -> torch.Tensor:
@@ -180,13 +135,9 @@ def evaluate(c: Compute, batches: Batches, teacher_w: torch.Tensor, steps: int, 
     return out
 
 
-def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Tensor, final_norm: torch.Tensor,
-          s: TrainSettings, log: Log | None = None, progress: Callable[[str], None] = print) -> tuple[Eagle3Head, dict]:
-    """Train a head on cached features. `embed` / `lm_head_w` / `final_norm`: the target's input embeddings,
-    output projection and final norm weight."""
-    torch.manual_seed(s.seed)
-    log = log or (lambda name, value, step: None)
-    train_seqs, val_seqs = split_sequences(f.num_sequences, s.val_fraction, s.seed)
+def _build_head(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Tensor, final_norm: torch.Tensor,
+                s: TrainSettings, train_seqs: list[int]) -> tuple[Eagle3Head, torch.Tensor, torch.Tensor]:
+    """The head on `s.device`, its draft vocabulary (from the training answers) and the teacher's rows for it."""
     draft_ids = select_draft_vocab(f.response_token_counts(cfg.vocab_size, train_seqs), cfg.draft_vocab_size)
     head = Eagle3Head(cfg, embed)
     head.set_vocab(draft_ids)
@@ -194,93 +145,172 @@ def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Te
         head.init_from_target(final_norm)
     head.to(s.device)
     teacher_w = lm_head_w.float().to(s.device)[head.draft_ids]
-    perm = None
-    if s.shuffle_labels:
-        g = torch.Generator().manual_seed(s.seed + 2)
-        perm = torch.randperm(f.ids.numel(), generator=g)
-    train_b, val_b = Batches(f, train_seqs, s.batch_tokens, perm), Batches(f, val_seqs, s.batch_tokens)
-    n_resp = int(f.response_token_counts(cfg.vocab_size, train_seqs).sum())
-    coverage = float(f.response_token_counts(cfg.vocab_size, val_seqs)[draft_ids].sum()) / max(
-        1, int(f.response_token_counts(cfg.vocab_size, val_seqs).sum()))
-    comp = Compute(head, s.compile)
-    opt = torch.optim.AdamW(head.parameters(), lr=s.learning_rate, betas=(0.9, 0.95), weight_decay=s.weight_decay)
-    total = s.steps or (int(math.ceil(s.epochs * len(train_b))) if s.epochs else None)
-    g = torch.Generator().manual_seed(s.seed)
-    order: list[int] = []
-    t0, step, planned_at, planned_from = time.time(), 0, 0.0, 2
-    weights = [s.loss_decay ** k for k in range(s.ttt_steps)]
-    run_acc = [0.0] * s.ttt_steps
-    stopped = False
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    progress(f"eagle3 train: {len(train_seqs)} train / {len(val_seqs)} val sequences, {n_resp} answer tokens, "
-             f"{len(train_b)} batches/epoch, draft vocab {cfg.draft_vocab_size} covers {coverage:.3f} of val tokens")
-    planned = total is None
-    while total is None or step < total:
+    return head, draft_ids, teacher_w
+
+
+def _label_permutation(f: Features, s: TrainSettings) -> torch.Tensor | None:
+    """The shuffle control's permutation of target positions, or None."""
+    if not s.shuffle_labels:
+        return None
+    g = torch.Generator().manual_seed(s.seed + 2)
+    return torch.randperm(f.ids.numel(), generator=g)
+
+
+def _learning_rate(s: TrainSettings, step: int, total: int | None) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak over the (planned) step count."""
+    if step < s.warmup_steps:                 # the plan (step 10) lands inside the warm-up: same lr either way
+        return s.learning_rate * (step + 1) / s.warmup_steps
+    done = min(1.0, (step - s.warmup_steps) / max(1, (total or step + 1) - s.warmup_steps))
+    return s.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+
+
+class _StepBudget:
+    """The step count `total`: fixed, or planned from the measured step time to fit the time budget."""
+
+    def __init__(self, s: TrainSettings, total: int | None, progress: Callable[[str], None]) -> None:
+        self.s, self.total, self.progress = s, total, progress
+        self.planned = total is None
+        self.t0, self.planned_at, self.planned_from = time.time(), 0.0, 2
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def more_steps(self, step: int) -> bool:
+        return self.total is None or step < self.total
+
+    def before_step(self, step: int) -> bool:
+        """Re-plan where due; False once the time budget is spent."""
         # plan the schedule from the measured step time at step 10, and again at step 100: on the H200 the first
         # steps ran at 0.19 s, the rest at 0.10 s, and the loop stopped after 100 s of its 180 s budget
-        if planned and step in (10, 100):
-            per_step = (time.time() - planned_at) / (step - planned_from)
-            total = max(step + 1, int(0.97 * (s.time_budget_s - (time.time() - t0)) / per_step) + step)
-            progress(f"eagle3 train: {per_step:.2f}s/step → {total} steps in the {s.time_budget_s:.0f}s budget")
-            planned_at, planned_from = time.time(), step
+        if self.planned and step in (10, 100):
+            per_step = (time.time() - self.planned_at) / (step - self.planned_from)
+            self.total = max(step + 1, int(0.97 * (self.s.time_budget_s - (time.time() - self.t0)) / per_step) + step)
+            self.progress(f"eagle3 train: {per_step:.2f}s/step → {self.total} steps in the "
+                          f"{self.s.time_budget_s:.0f}s budget")
+            self.planned_at, self.planned_from = time.time(), step
         if step == 2:
-            planned_at = time.time()
-        if time.time() - t0 > s.time_budget_s:
+            self.planned_at = time.time()
+        return not time.time() - self.t0 > self.s.time_budget_s
+
+
+def _optimizer_step(comp: Compute, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                    teacher_w: torch.Tensor, s: TrainSettings, lr: float, progress: Callable[[str], None]
+                    ) -> tuple[Compute, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """One optimizer step on the weighted TTT loss: the Compute to go on with, the loss, hit and anchor masks."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    try:
+        losses, hits, masks = step_losses(comp, batch, teacher_w, s.ttt_steps, s.bf16)
+    except Exception as exc:                   # torch.compile unavailable here: eager is correct, slower
+        if not comp.compiled:
+            raise
+        progress(f"eagle3 train: torch.compile failed ({type(exc).__name__}: {exc}); eager")
+        comp = comp.eager()
+        losses, hits, masks = step_losses(comp, batch, teacher_w, s.ttt_steps, s.bf16)
+    weights = [s.loss_decay ** k for k in range(s.ttt_steps)]
+    loss = sum(w * x for w, x in zip(weights, losses, strict=True))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(comp.head.parameters(), 1.0)
+    opt.step()
+    return comp, loss, hits, masks
+
+
+def _log_train_step(log: Log, loss: torch.Tensor, lr: float, run_acc: list[float], hits: list[torch.Tensor],
+                    masks: list[torch.Tensor], step: int) -> None:
+    """Update the running per-step accuracy (EMA, in place) and log the step's training metrics."""
+    for k in range(len(run_acc)):
+        a = float(hits[k].sum()) / max(1, int(masks[k].sum()))
+        run_acc[k] = 0.95 * run_acc[k] + 0.05 * a if step > 1 else a
+    log("train/loss", float(loss.detach()), step)
+    log("train/lr", lr, step)
+    for k in range(len(run_acc)):
+        log(f"train/acc_{k}", run_acc[k], step)
+
+
+Best = tuple[float, int, dict[str, torch.Tensor]]   # val accept length, step, head weights
+
+
+def _validate(comp: Compute, val_b: Batches, teacher_w: torch.Tensor, s: TrainSettings, step: int,
+              loss: torch.Tensor, best: Best | None, budget: _StepBudget, log: Log,
+              progress: Callable[[str], None]) -> Best | None:
+    """Log and report a validation; returns `best`, updated when these weights are better (`keep_best`)."""
+    ev = evaluate(comp.eager(), val_b, teacher_w, s.ttt_steps, s.bf16)
+    for name, v in ev.items():
+        log(f"val/{name}", v, step)
+    if s.keep_best and (best is None or ev["accept_length_est"] > best[0]):
+        best = (ev["accept_length_est"], step, {k: v.detach().clone() for k, v in comp.head.state_dict().items()})
+    progress(f"eagle3 train: step {step}/{budget.total} {budget.elapsed():.0f}s loss {float(loss.detach()):.3f} "
+             "val acc "
+             + "/".join(f"{ev[f'acc_{k}']:.3f}" for k in range(s.ttt_steps))
+             + f" accept≈{ev['accept_length_est']:.2f}")
+    return best
+
+
+def _train_loop(comp: Compute, opt: torch.optim.Optimizer, train_b: Batches, val_b: Batches,
+                teacher_w: torch.Tensor, s: TrainSettings, budget: _StepBudget, log: Log,
+                progress: Callable[[str], None]) -> tuple[Compute, int, bool, list[float], Best | None]:
+    """Steps over shuffled epochs until the step count or the time budget is reached: the Compute in use,
+    steps done, whether the budget stopped it, running per-step accuracy, best validated weights."""
+    g = torch.Generator().manual_seed(s.seed)
+    order: list[int] = []
+    step, stopped = 0, False
+    run_acc = [0.0] * s.ttt_steps
+    best: Best | None = None
+    while budget.more_steps(step):
+        if not budget.before_step(step):
             stopped = True
             break
         if not order:
             order = torch.randperm(len(train_b), generator=g).tolist()
         batch = train_b.get(order.pop())
-        if step < s.warmup_steps:                 # the plan (step 10) lands inside the warm-up: same lr either way
-            lr = s.learning_rate * (step + 1) / s.warmup_steps
-        else:
-            done = min(1.0, (step - s.warmup_steps) / max(1, (total or step + 1) - s.warmup_steps))
-            lr = s.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        try:
-            losses, hits, masks = step_losses(comp, batch, teacher_w, s.ttt_steps, s.bf16)
-        except Exception as exc:                   # torch.compile unavailable here: eager is correct, slower
-            if not comp.compiled:
-                raise
-            progress(f"eagle3 train: torch.compile failed ({type(exc).__name__}: {exc}); eager")
-            comp = comp.eager()
-            losses, hits, masks = step_losses(comp, batch, teacher_w, s.ttt_steps, s.bf16)
-        loss = sum(w * x for w, x in zip(weights, losses, strict=True))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
+        lr = _learning_rate(s, step, budget.total)
+        comp, loss, hits, masks = _optimizer_step(comp, opt, batch, teacher_w, s, lr, progress)
         step += 1
-        for k in range(s.ttt_steps):
-            a = float(hits[k].sum()) / max(1, int(masks[k].sum()))
-            run_acc[k] = 0.95 * run_acc[k] + 0.05 * a if step > 1 else a
-        log("train/loss", float(loss.detach()), step)
-        log("train/lr", lr, step)
-        for k in range(s.ttt_steps):
-            log(f"train/acc_{k}", run_acc[k], step)
+        _log_train_step(log, loss, lr, run_acc, hits, masks, step)
         if step % s.eval_every == 0:
-            ev = evaluate(comp.eager(), val_b, teacher_w, s.ttt_steps, s.bf16)
-            for name, v in ev.items():
-                log(f"val/{name}", v, step)
-            if s.keep_best and (best is None or ev["accept_length_est"] > best[0]):
-                best = (ev["accept_length_est"], step, {k: v.detach().clone() for k, v in head.state_dict().items()})
-            progress(f"eagle3 train: step {step}/{total} {time.time() - t0:.0f}s loss {float(loss.detach()):.3f} "
-                     "val acc "
-                     + "/".join(f"{ev[f'acc_{k}']:.3f}" for k in range(s.ttt_steps))
-                     + f" accept≈{ev['accept_length_est']:.2f}")
+            best = _validate(comp, val_b, teacher_w, s, step, loss, best, budget, log, progress)
+    return comp, step, stopped, run_acc, best
+
+
+def _final_evaluation(comp: Compute, val_b: Batches, teacher_w: torch.Tensor, s: TrainSettings, step: int,
+                      best: Best | None, progress: Callable[[str], None]) -> tuple[dict, int]:
+    """Validate the final weights, back to the best earlier ones if better (over-fitted since): metrics, step."""
     ev = evaluate(comp.eager(), val_b, teacher_w, s.ttt_steps, s.bf16)
     best_step = step
-    if best is not None and best[0] > ev["accept_length_est"]:     # over-fitted since: back to the best
-        head.load_state_dict(best[2])
+    if best is not None and best[0] > ev["accept_length_est"]:
+        comp.head.load_state_dict(best[2])
         best_step = best[1]
         ev = evaluate(comp.eager(), val_b, teacher_w, s.ttt_steps, s.bf16)
         progress(f"eagle3 train: kept the weights of step {best_step} (val accept≈{ev['accept_length_est']:.2f})")
+    return ev, best_step
+
+
+def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Tensor, final_norm: torch.Tensor,
+          s: TrainSettings, log: Log | None = None, progress: Callable[[str], None] = print) -> tuple[Eagle3Head, dict]:
+    """Train a head on cached features. `embed` / `lm_head_w` / `final_norm`: the target's input embeddings,
+    output projection and final norm weight."""
+    torch.manual_seed(s.seed)
+    log = log or (lambda name, value, step: None)
+    train_seqs, val_seqs = split_sequences(f.num_sequences, s.val_fraction, s.seed)
+    head, draft_ids, teacher_w = _build_head(f, cfg, embed, lm_head_w, final_norm, s, train_seqs)
+    train_b = Batches(f, train_seqs, s.batch_tokens, _label_permutation(f, s))
+    val_b = Batches(f, val_seqs, s.batch_tokens)
+    n_resp = int(f.response_token_counts(cfg.vocab_size, train_seqs).sum())
+    coverage = float(f.response_token_counts(cfg.vocab_size, val_seqs)[draft_ids].sum()) / max(
+        1, int(f.response_token_counts(cfg.vocab_size, val_seqs).sum()))
+    comp = Compute(head, s.compile)
+    opt = torch.optim.AdamW(head.parameters(), lr=s.learning_rate, betas=(0.9, 0.95), weight_decay=s.weight_decay)
+    budget = _StepBudget(s, s.steps or (int(math.ceil(s.epochs * len(train_b))) if s.epochs else None), progress)
+    progress(f"eagle3 train: {len(train_seqs)} train / {len(val_seqs)} val sequences, {n_resp} answer tokens, "
+             f"{len(train_b)} batches/epoch, draft vocab {cfg.draft_vocab_size} covers {coverage:.3f} of val tokens")
+    comp, step, stopped, run_acc, best = _train_loop(comp, opt, train_b, val_b, teacher_w, s, budget, log, progress)
+    ev, best_step = _final_evaluation(comp, val_b, teacher_w, s, step, best, progress)
     for name, v in ev.items():
         log(f"val/{name}", v, step)
     metrics = {"best_step": best_step, **{f"val_{k}": v for k, v in ev.items()},
                **{f"train_acc_{k}": v for k, v in enumerate(run_acc)},
-               "steps": step, "train_seconds": time.time() - t0, "stopped_by_budget": stopped,
+               "steps": step, "train_seconds": budget.elapsed(), "stopped_by_budget": stopped,
                "draft_vocab_coverage": coverage, "train_sequences": len(train_seqs), "val_sequences": len(val_seqs),
                "train_answer_tokens": n_resp, "settings": asdict(s)}
     return head, metrics

@@ -5,6 +5,7 @@ import atexit
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter, OrderedDict
 from pathlib import Path
@@ -16,10 +17,15 @@ from experiments.harness.launch import LaunchSpec
 from experiments.harness.ports import free_port
 
 PORT_IN_USE = ("address already in use", "errno 98")
+POLL_GRACE_S = 3.0   # the watchdog notices a gone group within one poll (1 s)
 
 
 class EngineStartError(RuntimeError):
     """The server exited or never became healthy; carries the tail of its log."""
+
+
+class ForeignServer(EngineStartError):
+    """Something answers on the server's port that is not the process this runner started."""
 
 
 class EngineDied(RuntimeError):
@@ -59,6 +65,7 @@ class Server:
         self.spec = spec
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
         self.visits = VisitLog()
 
     @property
@@ -75,7 +82,8 @@ class Server:
                 self._start_once(timeout_s, health_poll_s)
                 return
             except EngineStartError as exc:
-                if attempt + 1 < attempts and any(s in str(exc).lower() for s in PORT_IN_USE):
+                retry = isinstance(exc, ForeignServer) or any(s in str(exc).lower() for s in PORT_IN_USE)
+                if attempt + 1 < attempts and retry:
                     continue
                 raise
 
@@ -88,8 +96,10 @@ class Server:
         self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)  # own process group: killed as a whole
         log.close()
+        self._watchdog = _start_watchdog(self.proc.pid)
         try:
             self._await_health(timeout_s, health_poll_s)
+            self._check_identity()
         except BaseException:  # Ctrl-C / SIGTERM while starting: leave nothing behind
             self.stop()
             raise
@@ -111,6 +121,32 @@ class Server:
                 time.sleep(poll_s)
         raise EngineStartError(f"{self.spec.engine} server not healthy after {timeout_s:.0f} s. "
                                f"Server log ({self.log_path}) ends with:\n{log_tail(self.log_path)}")
+
+    def _check_identity(self) -> None:
+        """A healthy port is ours only if our process is alive, listens on it, and serves the model we asked for
+        (vLLM and SGLang both list the served model name on /v1/models): another runner's or a stale server on a
+        fixed `server.port` would otherwise be measured."""
+        where = f"{self.spec.host}:{self.spec.port}"
+        if self.proc.poll() is not None:
+            raise ForeignServer(f"{where} answers health, but the {self.spec.engine} server this runner started "
+                                f"exited (code {self.proc.returncode}): another process holds the port. Server log "
+                                f"({self.log_path}) ends with:\n{log_tail(self.log_path)}")
+        listening = _listening_pids(self.spec.port)   # None in it: a process we may not see (another user's)
+        if listening and None not in listening and not listening & _our_pids(self.proc.pid):
+            raise ForeignServer(f"{where} is served by pid(s) {sorted(listening)}, not by the {self.spec.engine} "
+                                f"server this runner started (pid {self.proc.pid}): another runner's or a stale "
+                                "server holds the port; stop it or leave server.port=null")
+        name = served_model_name(self.spec.args)
+        if name is None:
+            return
+        try:
+            served = [m.get("id") for m in httpx.get(self.base_url + "/v1/models", timeout=10.0).json()["data"]]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ForeignServer(f"{where} does not list its models on /v1/models ({exc}): not the "
+                                f"{self.spec.engine} server this runner started") from None
+        if name not in served:
+            raise ForeignServer(f"{where} serves {served}, not {name!r}: not the server this runner started; "
+                                "stop the other server or leave server.port=null")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -146,6 +182,50 @@ class Server:
         except subprocess.TimeoutExpired:
             pass
         self.proc = None
+        if self._watchdog is not None:   # it ends by itself once the group is gone; reap it
+            try:
+                self._watchdog.wait(timeout=POLL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+            self._watchdog = None
+
+
+def _start_watchdog(pgid: int) -> subprocess.Popen:
+    """A process of its own session that takes the engine's group down if this runner dies without stopping it
+    (experiments/harness/watchdog.py)."""
+    me = psutil.Process()
+    return subprocess.Popen([sys.executable, "-m", "experiments.harness.watchdog", str(me.pid),
+                             repr(me.create_time()), str(pgid)], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def served_model_name(args: list[str]) -> str | None:
+    """The name the server answers to (`--served-model-name`), or None when the command line sets none."""
+    for i, arg in enumerate(args):
+        if arg == "--served-model-name" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _listening_pids(port: int) -> set[int | None]:
+    """The processes listening on `port` (None for one this user may not see); empty when none can be listed."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return set()
+    return {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+
+
+def _our_pids(pid: int) -> set[int]:
+    """The server process, its process group and its descendants (one that left the group included)."""
+    ours = {pid} | {p.pid for p in _group_members(pid)}
+    try:
+        ours |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        pass
+    return ours
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:

@@ -203,27 +203,24 @@ def save(model, out: Path, record: dict) -> None:
     tmp.replace(out)
 
 
-def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None = None,
-          progress=print) -> Path:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, DeepseekV3ForCausalLM
+def _teacher_embedding(shape: TinyMoeShape):
+    """SmolLM2's tokenizer, its PCA-reduced embedding (`shape.hidden_size` wide) and its bos, eos and pad ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    shape = shape or TinyMoeShape()
-    torch.set_num_threads(s.threads)
-    torch.manual_seed(s.seed)
-    rng = random.Random(s.seed)
-    out = out or model_dir()
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir())
     teacher = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32)
     bos, eos = teacher.config.bos_token_id, teacher.config.eos_token_id
     pad = teacher.generation_config.pad_token_id if teacher.generation_config.pad_token_id is not None else eos
     embed = pca_embedding(teacher.get_input_embeddings().weight.detach(), shape.hidden_size)
-    del teacher
+    return tokenizer, embed, bos, eos, pad
 
-    rows, data_sha = load_answers(s.num_prompts)
-    vocab = compact_vocab(rows, prompt_set_texts(), tokenizer)
-    remap = torch.full((shape.vocab_size,), -1, dtype=torch.long)
-    remap[vocab] = torch.arange(len(vocab))
-    # Train at the compact vocabulary, save at the full one (same architecture otherwise).
+
+def _compact_student(shape: TinyMoeShape, vocab: torch.Tensor, remap: torch.Tensor, embed: torch.Tensor,
+                     bos: int, eos: int, pad: int):
+    """The student at the compact vocabulary (same architecture otherwise): embedding and LM head from the
+    PCA embedding's rows, routers randomly initialised."""
+    from transformers import DeepseekV3ForCausalLM
+
     student_cfg = make_config(dataclasses.replace(shape, vocab_size=len(vocab)), int(remap[bos]), int(remap[eos]),
                               int(remap[pad]))
     model = DeepseekV3ForCausalLM(student_cfg).float()
@@ -232,13 +229,45 @@ def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None 
         model.lm_head.weight.copy_(embed[vocab])
         for r in moe_routers(model):
             torch.nn.init.normal_(r.weight, std=0.02)   # HF initialises routers to zero: break the symmetry
+    return model
 
-    rng.shuffle(rows)
-    n_val = max(1, int(len(rows) * s.val_fraction))
-    val, train = rows[:n_val], rows[n_val:]
+
+def _optimizer(model, s: BuildSettings) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW with a linear warm-up and a cosine decay to zero over `s.steps`."""
     opt = torch.optim.AdamW(model.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / s.warmup_steps) * 0.5 * (
         1 + math.cos(math.pi * min(i, s.steps) / s.steps)))
+    return opt, schedule
+
+
+def _distill_step(model, opt: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LambdaLR,
+                  batch: list[dict], pad_id: int, remap: torch.Tensor, s: BuildSettings,
+                  shape: TinyMoeShape) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """One step: answer cross-entropy plus the balance loss, then the routers' bias update. Returns the
+    cross-entropy, the balance loss and each layer's max/mean expert load."""
+    ids, mask, labels = collate(batch, pad_id, remap)
+    with routing_hooks(model, keep_logits=True) as trace:
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    tgt = labels[:, 1:]
+    keep = tgt != -100
+    ce = F.cross_entropy(model.lm_head(hidden[:, :-1][keep]), tgt[keep])
+    bal = balance_loss(trace, mask, shape.n_routed_experts, shape.num_experts_per_tok)
+    loss = ce + s.balance_alpha * bal
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    schedule.step()
+    with torch.no_grad():
+        imbalance = update_biases(model, trace, mask, s.bias_update_speed)
+    return ce, bal, imbalance
+
+
+def _distill(model, train: list[dict], s: BuildSettings, shape: TinyMoeShape, remap: torch.Tensor, pad_id: int,
+             rng: random.Random, progress) -> tuple[list[dict], float]:
+    """`s.steps` distillation steps over shuffled epochs of `train`. Returns the training history (every 25
+    steps and the last) and the time the training started."""
+    opt, schedule = _optimizer(model, s)
     t0 = time.time()
     epoch_batches: list[list[dict]] = []
     history = []
@@ -246,21 +275,7 @@ def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None 
     for step in range(s.steps):
         if not epoch_batches:
             epoch_batches = batches(train, s.batch_tokens, rng)
-        ids, mask, labels = collate(epoch_batches.pop(), int(remap[pad]), remap)
-        with routing_hooks(model, keep_logits=True) as trace:
-            hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        tgt = labels[:, 1:]
-        keep = tgt != -100
-        ce = F.cross_entropy(model.lm_head(hidden[:, :-1][keep]), tgt[keep])
-        bal = balance_loss(trace, mask, shape.n_routed_experts, shape.num_experts_per_tok)
-        loss = ce + s.balance_alpha * bal
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        schedule.step()
-        with torch.no_grad():
-            imbalance = update_biases(model, trace, mask, s.bias_update_speed)
+        ce, bal, imbalance = _distill_step(model, opt, schedule, epoch_batches.pop(), pad_id, remap, s, shape)
         if step % 25 == 0 or step == s.steps - 1:
             history.append({"step": step, "loss": round(ce.item(), 4), "balance": round(bal.item(), 4),
                             "max_over_mean_load": [round(x, 3) for x in imbalance],
@@ -268,6 +283,29 @@ def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None 
             progress(f"moe build: step {step}/{s.steps} loss {ce.item():.3f} balance {bal.item():.3f} "
                      f"max/mean load {[round(x, 2) for x in imbalance]} {time.time() - t0:.0f}s")
     model.eval()
+    return history, t0
+
+
+def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None = None,
+          progress=print) -> Path:
+    shape = shape or TinyMoeShape()
+    torch.set_num_threads(s.threads)
+    torch.manual_seed(s.seed)
+    rng = random.Random(s.seed)
+    out = out or model_dir()
+    tokenizer, embed, bos, eos, pad = _teacher_embedding(shape)
+
+    rows, data_sha = load_answers(s.num_prompts)
+    vocab = compact_vocab(rows, prompt_set_texts(), tokenizer)
+    remap = torch.full((shape.vocab_size,), -1, dtype=torch.long)
+    remap[vocab] = torch.arange(len(vocab))
+    # Train at the compact vocabulary, save at the full one (same architecture otherwise).
+    model = _compact_student(shape, vocab, remap, embed, bos, eos, pad)
+
+    rng.shuffle(rows)
+    n_val = max(1, int(len(rows) * s.val_fraction))
+    val, train = rows[:n_val], rows[n_val:]
+    history, t0 = _distill(model, train, s, shape, remap, int(remap[pad]), rng, progress)
     metrics = evaluate(model, val, int(remap[pad]), s.batch_tokens, remap)
     progress(f"moe build: held-out {metrics}")
     full = expand_vocab(model, shape, vocab, embed, bos, eos, pad)

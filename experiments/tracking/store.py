@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.paths import ROOT
 from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
+from experiments.tracking.redact import redact_params
 
 try:
     import mlflow
@@ -49,7 +50,9 @@ def setup(cfg: DictConfig) -> tuple[Any, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder.
     An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store)."""
     if str(cfg.tracking.uri).startswith(URI_PREFIX):
-        return OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX)), cfg.tracking.experiment
+        client = OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX))
+        _fail_stale_once(client, str(cfg.tracking.uri), cfg.tracking.experiment)
+        return client, cfg.tracking.experiment
     if mlflow is None:
         raise RuntimeError(f"MLflow is not installed here; use tracking.uri={URI_PREFIX}<folder> and import the "
                            "runs elsewhere with `python -m experiments.tracking.import_runs <folder>`")
@@ -58,7 +61,21 @@ def setup(cfg: DictConfig) -> tuple[Any, str]:
 
     with _store_lock(cfg.tracking.uri):
         client = MlflowClient()
-        return client, _experiment_id(client, cfg)
+        exp_id = _experiment_id(client, cfg)
+    _fail_stale_once(client, str(cfg.tracking.uri), exp_id)
+    return client, exp_id
+
+
+_checked_for_stale: set[tuple[str, str]] = set()
+
+
+def _fail_stale_once(client, uri: str, experiment_id: str) -> None:
+    """At a runner's first contact with an experiment: runs left RUNNING by a runner that is gone become FAILED."""
+    if (uri, experiment_id) in _checked_for_stale:
+        return
+    _checked_for_stale.add((uri, experiment_id))
+    from experiments.tracking.lifecycle import fail_stale_runs
+    fail_stale_runs(client, experiment_id)
 
 
 def _experiment_id(client, cfg: DictConfig) -> str:
@@ -89,8 +106,8 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
 
 
 def log_params(client, run_id: str, params: dict[str, str]) -> None:
-    """Params in batches of 100 (MLflow's limit per call)."""
-    items = list(params.items())
+    """Params in batches of 100 (MLflow's limit per call), secrets redacted (experiments.tracking.redact)."""
+    items = list(redact_params(params).items())
     for start in range(0, len(items), 100):
         client.log_batch(run_id, params=[Param(k, v) for k, v in items[start: start + 100]])
 

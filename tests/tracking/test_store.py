@@ -32,3 +32,31 @@ def test_parallel_multiruns_share_one_store(store: str, tmp_path, embedded_ready
     assert sorted(c.data.params["spec.num_draft_tokens"] for c in children) == ["2", "3", "4", "5"]
     for child in children:
         assert "launch_spec.json" in [a.path for a in client.list_artifacts(child.info.run_id)]
+
+
+def test_a_run_left_running_by_a_gone_runner_fails_at_the_next_start(tmp_path) -> None:
+    """A runner killed with SIGKILL leaves its run RUNNING; the next contact with the store marks it FAILED,
+    and leaves a run whose runner is alive alone."""
+    import subprocess
+    import sys
+
+    from conftest import compose_cfg
+
+    from experiments.tracking import store
+    from experiments.tracking.lifecycle import RUNNER_TAG, tracked_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = compose_cfg("+option=A", f"tracking.uri={uri}")
+    client, exp_id = store.setup(cfg)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    ids, open_runs = {}, []
+    for who in ("gone", "alive"):
+        open_runs.append(tracked_run(client, exp_id, who, {}))
+        ids[who] = open_runs[-1].__enter__().id   # left open: its runner never closes it
+    client.set_tag(ids["gone"], RUNNER_TAG, f"{gone.pid}:1.0")
+    store._checked_for_stale.clear()
+    store.setup(cfg)
+    assert client.get_run(ids["gone"]).info.status == "FAILED"
+    assert "ended without closing it" in client.get_run(ids["gone"]).data.tags["specws.failure"]
+    assert client.get_run(ids["alive"]).info.status == "RUNNING"
