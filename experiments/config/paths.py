@@ -29,6 +29,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ws.add", lambda *xs: sum(int(x) for x in xs))
     if not OmegaConf.has_resolver("ws.max"):  # e.g. the largest concurrency level (conf/config.yaml limits)
         OmegaConf.register_new_resolver("ws.max", _largest)
+    if not OmegaConf.has_resolver("ws.pid"):  # Hydra's output folders: two runners in one second stay apart
+        OmegaConf.register_new_resolver("ws.pid", lambda: str(os.getpid()))
 
 
 register_resolvers()

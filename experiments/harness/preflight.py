@@ -1,15 +1,29 @@
 """Checks that refuse a run before anything is launched, each with a message that says what to do."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import shutil
+import subprocess
+from functools import cache
 from pathlib import Path
 
+import httpx
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import Refused  # noqa: F401  (re-exported for the callers)
 from experiments.engines.config import available_on_site, engine_name, sglang_patches_for, site_args
 from experiments.engines.knobs import refuse_unused_knobs
+from experiments.tracking.offline_store import URI_PREFIX
+from experiments.tracking.redact import redact_text
 from sglang_patches import UnknownPatch, resolve
+
+# Any one of these makes a Hugging Face folder's tokenizer loadable (fast, SentencePiece, BPE, tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "spiece.model")
+ENGINE_PROBE_TIMEOUT_S = 30.0
+TRACKING_TIMEOUT_S = 5.0
 
 
 def check_option(cfg: DictConfig) -> None:
@@ -74,22 +88,104 @@ def check_moe_model(cfg: DictConfig) -> None:
                           f"(the small MoE: model=tiny_moe_dsv3)") from None
 
 
+def check_inputs(cfg: DictConfig) -> None:
+    """What every runner reads, before the workload is read (dry runs included): a model folder that is here is
+    complete, the tracking store answers."""
+    model = Path(str(cfg.model.path))
+    if model.exists():   # a model that is not here (the box's, checked from here) is checked where it is served
+        check_model_folder(cfg)
+    check_tracking(cfg)
+
+
+def _model_fix(cfg: DictConfig) -> str:
+    return ("run `bin/setup` (python -m experiments.hosts.setup_embedded) once" if cfg.model.embedded
+            else f"set model.path (or its environment variable) to the folder of {cfg.model.hf_id}")
+
+
+def check_model_folder(cfg: DictConfig) -> None:
+    model = Path(str(cfg.model.path))
+    if not (model / "config.json").is_file():
+        raise Refused(f"model {cfg.model.name}: no Hugging Face folder at {model} (no config.json); {_model_fix(cfg)}")
+    if not any((model / name).is_file() for name in TOKENIZER_FILES) and not any(model.glob("*.tiktoken")):
+        raise Refused(f"model {cfg.model.name}: {model} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
+                      f"{_model_fix(cfg)}")
+
+
+def check_engine_env(cfg: DictConfig) -> None:
+    """The engine's interpreter exists and imports the engine (dry runs included: its parser checks the command
+    line); a bare `python3` counts as set up when this interpreter imports the engine, as the engines then use it."""
+    engine, python = engine_name(cfg), str(cfg.engine.python)
+    fix = "run `bin/setup` once" if cfg.model.embedded else f"set engine.python to an interpreter with {engine}"
+    bare = os.sep not in python
+    if bare and importlib.util.find_spec(engine) is not None:
+        return
+    found = shutil.which(python) if bare else (python if Path(python).is_file() else None)
+    if found is None:
+        raise Refused(f"engine {engine}: interpreter {python} (engine.python) does not exist; {fix}")
+    if not _imports(found, engine):
+        raise Refused(f"engine {engine}: {python} (engine.python) cannot import {engine}; {fix}")
+
+
+@cache
+def _imports(python: str, package: str) -> bool:
+    """`python` finds `package` (looked up, not imported: importing vLLM takes many seconds)."""
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({package!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, timeout=ENGINE_PROBE_TIMEOUT_S).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def check_tracking(cfg: DictConfig) -> None:
+    """The store of tracking.uri can be written (a local folder) or answers within seconds (a server)."""
+    try:
+        uri = str(cfg.tracking.uri)
+    except OmegaConfBaseException as exc:
+        raise Refused(f"tracking.uri cannot be resolved ({str(exc).splitlines()[0]}); set MLFLOW_TRACKING_URI "
+                      "for tracking=server, or use tracking=local") from None
+    shown = redact_text(uri)
+    if uri.startswith(("http://", "https://")):
+        _check_tracking_server(uri, shown)
+        return
+    if uri.startswith("sqlite:///"):
+        _check_folder(Path(uri.removeprefix("sqlite:///")).parent, shown)
+    elif uri.startswith((URI_PREFIX, "file://")):
+        _check_folder(Path(uri.split("://", 1)[1]), shown)
+    elif "://" not in uri:   # a plain folder: MLflow's file store
+        _check_folder(Path(uri), shown)
+
+
+def _check_folder(folder: Path, shown: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Refused(f"tracking.uri={shown}: cannot create the folder {folder} ({exc.strerror or exc}); "
+                      "point tracking.uri at a writable place") from None
+    if not os.access(folder, os.W_OK):
+        raise Refused(f"tracking.uri={shown}: the folder {folder} is not writable; point tracking.uri elsewhere")
+
+
+def _check_tracking_server(uri: str, shown: str) -> None:
+    try:
+        reply = httpx.get(uri, timeout=TRACKING_TIMEOUT_S, follow_redirects=True)
+    except httpx.HTTPError as exc:
+        raise Refused(f"tracking.uri={shown}: no answer within {TRACKING_TIMEOUT_S:.0f} s ({type(exc).__name__}: "
+                      f"{redact_text(str(exc))}); start the tracking server or set tracking.uri") from None
+    if reply.status_code in (401, 403):
+        raise Refused(f"tracking.uri={shown}: the server refused access (HTTP {reply.status_code}); set "
+                      "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN")
+
+
 def check_assets(cfg: DictConfig) -> None:
     model = Path(str(cfg.model.path))
-    if not (model / "config.json").exists():
-        how = ("run `bin/setup` (python -m experiments.hosts.setup_embedded) once" if cfg.model.embedded
-               else f"set model.path (or its environment variable) to the folder of {cfg.model.hf_id}")
-        raise Refused(f"model {cfg.model.name}: no Hugging Face folder at {model}; {how}")
+    check_model_folder(cfg)
     if cfg.spec.method == "eagle3":
         head = Path(str(cfg.spec.draft_model))
         if not (head / "config.json").exists():
             raise Refused(f"EAGLE-3 head not found at {head}: train one with +option=D "
                           f"(it is saved there) or set spec.draft_model=/path/to/head")
         check_head_fits(head, model)
-    python = Path(str(cfg.engine.python))
-    if python.is_absolute() and not python.exists():
-        raise Refused(f"engine {engine_name(cfg)}: interpreter {python} does not exist; "
-                      + ("run `bin/setup` once" if cfg.model.embedded else "set engine.python"))
+    check_engine_env(cfg)
 
 
 def check_head_fits(head: Path, model: Path) -> None:

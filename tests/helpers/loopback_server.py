@@ -40,8 +40,9 @@ def prompt_key(body: dict) -> str:
 
 
 class LoopbackServer:
-    def __init__(self, ttft_ms: float, itl_ms: float, tokens_per_event: int = 1):
+    def __init__(self, ttft_ms: float, itl_ms: float, tokens_per_event: int = 1, served_model_name: str = "loopback"):
         self.ttft_s, self.itl_s, self.per_event = ttft_ms / 1000, itl_ms / 1000, tokens_per_event
+        self.served_model_name = served_model_name
         self.sent: dict[str, dict] = {}
         self.serial = 0
 
@@ -49,7 +50,7 @@ class LoopbackServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/generate", self.generate)
-        app.router.add_get("/v1/models", lambda r: web.json_response({"data": [{"id": "loopback"}]}))
+        app.router.add_get("/v1/models", lambda r: web.json_response({"data": [{"id": self.served_model_name}]}))
         app.router.add_get("/health", lambda r: web.Response(text="ok"))
         app.router.add_get("/get_server_info", lambda r: web.json_response({}))
         app.router.add_post("/flush_cache", lambda r: web.Response(text="ok"))
@@ -145,8 +146,9 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
     ap.add_argument("--tokens-per-event", type=int, default=1)
+    ap.add_argument("--served-model-name", default="loopback")   # what /v1/models lists
     args = ap.parse_args()
-    server = LoopbackServer(args.ttft_ms, args.itl_ms, args.tokens_per_event)
+    server = LoopbackServer(args.ttft_ms, args.itl_ms, args.tokens_per_event, args.served_model_name)
     web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None)
 
 

@@ -27,7 +27,8 @@ def _resolve(name: str) -> Path:
     path = Path(name).expanduser()
     if path.suffix in SUFFIXES:
         if not path.is_file():
-            raise WorkloadError(f"prompt file {path} does not exist")
+            raise WorkloadError(f"prompt file {path} does not exist; set workload.prompt_set to an existing file, "
+                                f"a built-in set {builtin_names()} or {SHAREGPT!r}")
         return path
     raise WorkloadError(f"prompt set {name!r} is not a built-in set {builtin_names()}, {SHAREGPT!r}, "
                         f"or a path ending in {' or '.join(SUFFIXES)}")
