@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.engines.config import adapter_of, engine_name, sglang_patches_for, site_args
+from experiments.tracking.redact import redact_env, redact_text
 
 
 @dataclass
@@ -38,7 +39,9 @@ class LaunchSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        return {"engine": self.engine, "argv": self.argv, "env": self.env, "key": self.key, **self.extra}
+        """As recorded (launch_spec.json): secret-named env values and URI credentials redacted."""
+        return {"engine": self.engine, "argv": [redact_text(a) for a in self.argv], "env": redact_env(self.env),
+                "key": self.key, **self.extra}
 
 
 def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:

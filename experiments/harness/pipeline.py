@@ -17,7 +17,7 @@ from experiments.engines.config import engine_tags
 from experiments.harness.baseline import find_baseline, pair_key
 from experiments.harness.launch import LaunchSpec, build_launch_spec
 from experiments.harness.measure import console, log_common_artifacts, measure
-from experiments.harness.preflight import check_assets
+from experiments.harness.preflight import check_assets, check_engine_env
 from experiments.harness.prepare import PreparedWorkload
 from experiments.tracking.lifecycle import tracked_run
 from experiments.tracking.store import flatten, host_fingerprint, log_prompt_dataset, run_tags, setup
@@ -41,8 +41,10 @@ def validated_spec(cfg: DictConfig) -> tuple[LaunchSpec, Validation]:
 
 
 def measure_option(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequence[PostRun] = ()) -> dict:
-    if not cfg.run.dry_run:  # a dry run only validates the command line (e.g. the box's, from here)
+    if not cfg.run.dry_run:
         check_assets(cfg)
+    else:  # a dry run only validates the command line (e.g. the box's, from here), in the engine's interpreter
+        check_engine_env(cfg)
     spec, validation = validated_spec(cfg)
     key = pair_key(cfg, validation.version, prepared.digest)
     if cfg.run.dry_run:
