@@ -31,13 +31,19 @@ class WorkloadView:
     repetitions: int = 1
     warmup_requests: int = 0
     request_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0
+    level_timeout_s: float | None = None
+    max_error_share: float = 0.0
     num_prompts: int | None = None
     max_turns: int | None = None
     reuse_prompts: bool = False
 
     def __post_init__(self) -> None:
         _positive("workload", max_tokens=self.max_tokens, repetitions=self.repetitions,
-                  request_timeout_s=self.request_timeout_s, num_prompts=self.num_prompts, max_turns=self.max_turns)
+                  request_timeout_s=self.request_timeout_s, stall_timeout_s=self.stall_timeout_s,
+                  level_timeout_s=self.level_timeout_s, num_prompts=self.num_prompts, max_turns=self.max_turns)
+        if not 0.0 <= self.max_error_share <= 1.0:
+            raise ConfigError(f"workload.max_error_share must be within [0, 1], got {self.max_error_share}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError(f"workload.concurrency must be a list of levels >= 1, got {self.concurrency}")
         if self.temperature < 0:

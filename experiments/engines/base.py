@@ -62,6 +62,29 @@ def accepted_per_position(steps_accepting: dict[int, int]) -> list[int]:
     return [sum(c for n, c in steps_accepting.items() if n > i) for i in range(width)]
 
 
+class StreamError(ValueError):
+    """A streamed reply the request fails on; `kind` is its record's `error_kind` (error_event, null_event,
+    bad_json, ...)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def checked_event(event: object) -> dict:
+    """`event` if it is a stream event, else StreamError: `null` (null_event), not a JSON object (bad_json), or
+    the engine's error event (error_event: vLLM's and SGLang's `{"error": ...}`, vLLM's `{"object": "error"}`)."""
+    if event is None:
+        raise StreamError("null_event", "the server sent a `null` event")
+    if not isinstance(event, dict):
+        raise StreamError("bad_json", f"event is not a JSON object: {str(event)[:200]}")
+    if "error" in event or event.get("object") == "error":
+        detail = event.get("error", event)
+        message = detail.get("message", detail) if isinstance(detail, dict) else detail
+        raise StreamError("error_event", f"the server sent an error event: {str(message)[:300]}")
+    return event
+
+
 @dataclass
 class StreamDelta:
     token_ids: list[int] = field(default_factory=list)
@@ -215,7 +238,8 @@ class EngineAdapter(ABC):
         """(path, JSON body) of a streaming generation request; `seed` seeds sampling at temperature > 0."""
 
     @abstractmethod
-    def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta: ...
+    def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta:
+        """The tokens an event adds; raises StreamError for an event the request fails on (`checked_event`)."""
 
     def parse_raw(self, data: bytes, tokens_so_far: int) -> StreamDelta | None:
         """A cheaper parse of an event's raw bytes where the protocol allows one; None: use parse_event."""

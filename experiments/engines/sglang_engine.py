@@ -19,6 +19,7 @@ from experiments.engines.base import (
     StreamDelta,
     Validation,
     accepted_per_position,
+    checked_event,
 )
 from experiments.engines.limits import get_json, scalar
 from experiments.engines.sglang_versions import flags_for_version, installed_sglang
@@ -170,7 +171,7 @@ class SGLangAdapter(EngineAdapter):
 
     def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta:
         # SGLang streams cumulative output_ids unless --incremental-streaming-output is set.
-        ids = list(event.get("output_ids") or [])
+        ids = list(checked_event(event).get("output_ids") or [])
         new = ids[tokens_so_far:] if len(ids) >= tokens_so_far else ids
         meta = event.get("meta_info") or {}
         finished = meta.get("finish_reason") is not None

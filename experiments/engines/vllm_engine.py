@@ -18,6 +18,7 @@ from experiments.engines.base import (
     Validation,
     acceptance_from_positions,
     accepted_per_position,
+    checked_event,
 )
 from experiments.engines.limits import get_json, scalar
 
@@ -112,7 +113,7 @@ class VLLMAdapter(EngineAdapter):
         return "/v1/completions", body | ({"seed": seed} if seed is not None else {})
 
     def parse_event(self, event: dict, tokens_so_far: int) -> StreamDelta:
-        choices = event.get("choices") or []
+        choices = checked_event(event).get("choices") or []
         if not choices:   # the usage chunk after the last token: a speculative server's per-request metrics
             spec = (event.get("metrics") or {}).get("speculative_decoding")
             return StreamDelta(meta=spec if isinstance(spec, dict) else None)

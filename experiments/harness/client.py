@@ -23,7 +23,7 @@ try:  # events are parsed and records written in the event loop, between arrival
 except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
     parse_json, dump_json = json.loads, json.dumps
 
-from experiments.engines.base import EngineAdapter
+from experiments.engines.base import EngineAdapter, StreamError
 from experiments.harness.server import Server
 from experiments.harness.workloads.formats import Conversation
 from experiments.harness.workloads.sampling import VisitPlan
@@ -49,6 +49,8 @@ class RequestRecord:
     chunk_tokens: list[int] = field(default_factory=list)      # tokens carried by each chunk
     meta: dict | None = None
     error: str | None = None
+    error_kind: str | None = None        # http_<status>, error_event, no_finish, null_event, bad_json, truncated,
+                                         # stall, deadline, connection
 
     @property
     def itl_s(self) -> list[float]:
@@ -61,7 +63,9 @@ class RequestSettings:
     max_tokens: int
     temperature: float
     seed: int
-    timeout_s: float
+    timeout_s: float                        # per request, from sending it to its last event (error kind `deadline`)
+    stall_timeout_s: float = 120.0          # before the first event and between two events (`stall`)
+    level_timeout_s: float | None = None    # per measured (level, repetition) slice; None: no deadline
 
     def seed_for(self, prompt_id: str, turn: int) -> int | None:
         """One seed per prompt and turn, the same for an option and its baseline; none when greedy."""
@@ -72,6 +76,12 @@ class RequestSettings:
 
 
 Render = Callable[[Conversation, int, list[str]], list[int]]
+# kinds that may mean the server is dying (an error event or a bad reply came from a live one)
+SERVER_FAULT_KINDS = frozenset({"stall", "deadline", "truncated", "connection"})
+
+
+class LevelDeadline(RuntimeError):
+    """A measured level ran past `workload.level_timeout_s`; its finished requests are in the records file."""
 
 
 @dataclass
@@ -100,8 +110,9 @@ class WorkloadRunner:
     async def _run(self, plan: VisitPlan) -> list[LevelResult]:
         # aiohttp, not httpx: its line reader sustains several times the streamed-token rate at a fraction
         # of the CPU (bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
-        t = self.settings.timeout_s
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)
+        # the request and stall deadlines are the client's own timer (`_request`), which tells them apart
+        st = self.settings
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(st.timeout_s, st.stall_timeout_s), sock_read=None)
         async with aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
                                          json_serialize=dump_json,
                                          connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2,
@@ -162,20 +173,31 @@ class WorkloadRunner:
                         return
                     answers.append(rec.text)
 
-        work = asyncio.gather(*(conversation(c) for c in convs))
-        watch = asyncio.create_task(self._watch_server())
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await self._await_level(asyncio.gather(*(conversation(c) for c in convs)), level, rep, records, total)
         wall = time.perf_counter() - t0
-        if watch in done:
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-            watch.result()  # raises EngineDied
-        watch.cancel()
-        work.result()
-        if any(r.error for r in records):  # failed requests may be the first sign of a dying server
+        if any(r.error_kind in SERVER_FAULT_KINDS for r in records):  # the first sign of a dying server?
             self.server.check_alive(wait_s=2.0)
         after = await self._scrape(client)
         return LevelResult(level, wall, records, before, after)
+
+    async def _await_level(self, work: asyncio.Future, level: int, rep: int, records: list[RequestRecord],
+                           total: int) -> None:
+        """The level's requests, stopped early by a dying server (EngineDied) or the level deadline
+        (LevelDeadline); the requests still running then are cancelled and leave no record."""
+        watch = asyncio.create_task(self._watch_server())
+        limit = self.settings.level_timeout_s
+        done, _ = await asyncio.wait({work, watch}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+        watch.cancel()
+        if watch in done:
+            watch.result()  # raises EngineDied
+        if not done:
+            raise LevelDeadline(f"concurrency {level} repetition {rep} ran past workload.level_timeout_s={limit} s "
+                                f"with {len(records)} of {total} requests done; their records are in "
+                                f"{self.records_path}")
+        work.result()
 
     async def _watch_server(self) -> None:
         while True:
@@ -191,44 +213,85 @@ class WorkloadRunner:
         return self.adapter.metrics_snapshot(text)
 
     async def _request(self, client: aiohttp.ClientSession, rec: RequestRecord, t0: float) -> None:
+        """One streamed request into `rec`; a failure sets its `error` and `error_kind` and never raises."""
         st = self.settings
         path, body = self.adapter.stream_request(rec.prompt_token_ids, st.max_tokens, st.temperature, self.model,
                                                  seed=rec.seed)
         start = time.perf_counter()
         rec.start_s = start - t0
-        parse_raw, parse_event = self.adapter.parse_raw, self.adapter.parse_event
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + st.timeout_s
+        timer = asyncio.timeout_at(min(deadline, loop.time() + st.stall_timeout_s))
         try:
-            async with client.post(path, json=body) as resp:
-                if resp.status != 200:
-                    rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                    return
-                async for raw in resp.content:   # one SSE line at a time
-                    now = time.perf_counter() - start   # arrival, before any parsing
-                    if not raw.startswith(b"data:"):   # SSE: the field name starts the line
-                        raw = raw.strip()
-                        if not raw.startswith(b"data:"):
-                            continue
-                    data = raw[5:].strip()              # one copy of a (cumulative, growing) event
-                    if data == b"[DONE]":
-                        break
-                    # SGLang's events are cumulative: read only their new tail where possible
-                    n = len(rec.output_token_ids)
-                    delta = parse_raw(data, n) or parse_event(parse_json(data), n)
-                    if delta.token_ids:
-                        if rec.ttft_s is None:
-                            rec.ttft_s = now
-                        rec.chunk_times_s.append(now)
-                        rec.chunk_tokens.append(len(delta.token_ids))
-                        rec.output_token_ids.extend(delta.token_ids)
-                        rec.text += delta.text
-                    if delta.meta is not None:
-                        rec.meta = delta.meta
+            async with timer:
+                await self._stream(client, path, body, rec, start, timer, deadline)
             rec.e2e_s = time.perf_counter() - start
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: JSON, line size
-            rec.error = f"{type(exc).__name__}: {exc}"
+            return
+        except StreamError as exc:
+            rec.error_kind, rec.error = exc.kind, str(exc)
+        except TimeoutError as exc:
+            if not timer.expired():   # aiohttp's connect timeout
+                rec.error_kind, rec.error = "connection", f"{type(exc).__name__}: {exc}"
+            elif timer.when() >= deadline:
+                rec.error_kind, rec.error = "deadline", f"not done after request_timeout_s={st.timeout_s} s"
+            else:
+                rec.error_kind, rec.error = "stall", f"no stream event for stall_timeout_s={st.stall_timeout_s} s"
+        except aiohttp.ClientPayloadError as exc:   # the connection closed inside the reply
+            rec.error_kind, rec.error = "truncated", f"{type(exc).__name__}: {exc}"
+        except aiohttp.ClientError as exc:
+            rec.error_kind, rec.error = "connection", f"{type(exc).__name__}: {exc}"
+        except ValueError as exc:   # aiohttp: a line over the read buffer
+            rec.error_kind, rec.error = "bad_json", f"{type(exc).__name__}: {exc}"
+        if rec.error_kind in SERVER_FAULT_KINDS:
             # a failed request is often the first sign of a dying server: stop the level then,
             # instead of firing the remaining requests at a closed port
             await asyncio.to_thread(self.server.check_alive, 2.0)
+
+    async def _stream(self, client: aiohttp.ClientSession, path: str, body: dict, rec: RequestRecord, start: float,
+                      timer: asyncio.Timeout, deadline: float) -> None:
+        """Reads one streamed reply into `rec`; each event moves `timer` on by the stall timeout, never past the
+        request's `deadline`. Raises StreamError for a reply the request fails on."""
+        loop = asyncio.get_running_loop()
+        stall = self.settings.stall_timeout_s
+        parse_raw, parse_event = self.adapter.parse_raw, self.adapter.parse_event
+        finished = False
+        async with client.post(path, json=body) as resp:
+            if resp.status != 200:
+                raise StreamError(f"http_{resp.status}", f"HTTP {resp.status}: {(await resp.text())[:300]}")
+            async for raw in resp.content:   # one SSE line at a time
+                now = time.perf_counter() - start   # arrival, before any parsing
+                complete = raw.endswith(b"\n")
+                if not raw.startswith(b"data:"):   # SSE: the field name starts the line
+                    raw = raw.strip()
+                    if not raw.startswith(b"data:"):
+                        continue
+                timer.reschedule(min(deadline, loop.time() + stall))
+                data = raw[5:].strip()              # one copy of a (cumulative, growing) event
+                if data == b"[DONE]":
+                    break
+                if not complete:
+                    raise StreamError("truncated", f"the stream ended inside an event: {data[:200]!r}")
+                # SGLang's events are cumulative: read only their new tail where possible
+                n = len(rec.output_token_ids)
+                try:
+                    delta = parse_raw(data, n) or parse_event(parse_json(data), n)
+                except StreamError:
+                    raise
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    raise StreamError("bad_json", f"unreadable event ({type(exc).__name__}): {data[:200]!r}") from None
+                if delta.token_ids:
+                    if rec.ttft_s is None:
+                        rec.ttft_s = now
+                    rec.chunk_times_s.append(now)
+                    rec.chunk_tokens.append(len(delta.token_ids))
+                    rec.output_token_ids.extend(delta.token_ids)
+                    rec.text += delta.text
+                if delta.meta is not None:
+                    rec.meta = delta.meta
+                finished = finished or delta.finished
+        if not finished:
+            raise StreamError("no_finish", f"the stream ended after {len(rec.output_token_ids)} tokens without a "
+                                           "finish event")
 
 
 def fixed_prompts(token_ids: dict[str, list[int]], category: str = "all") -> tuple[list[Conversation], Render]:

@@ -19,7 +19,7 @@ from experiments.harness.client import RequestSettings, WorkloadRunner
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.prepare import PreparedWorkload
 from experiments.harness.server import POOL
-from experiments.harness.summary import summarize
+from experiments.harness.summary import check_error_share, summarize
 from experiments.tracking import plots
 from experiments.tracking.records import load_records, run_records
 from experiments.tracking.store import Metric, log_params
@@ -56,7 +56,8 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
         limits = adapter.effective_limits(server.base_url, validation)
         _log_limits(client, run_id, limits, baseline)
         w = prepared.workload
-        settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s)
+        settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s, w.stall_timeout_s,
+                                   w.level_timeout_s)
         runner = WorkloadRunner(server, adapter, cfg.model.name, settings, prepared.render(), records_path)
         levels = runner.run(prepared.plan)
         summary = summarize(levels, adapter)
@@ -89,6 +90,7 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
                                           for k, v in metrics.items()])
         client.log_dict(run_id, {"metrics": metrics, "per_level": summary.per_level}, "summary.json")
         _report(cfg, metrics)
+        check_error_share(summary, w.max_error_share)   # after logging: a failed run keeps its numbers
         return metrics
     finally:
         _log_patches(client, run_id, spec, log_path if log_path.exists() else server.log_path if server else None)

@@ -1,6 +1,7 @@
 """Per-request records + engine acceptance -> summary metrics (names as logged to MLflow)."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,24 @@ class Summary:
     acceptance: Acceptance | None = None
     acceptance_per_level: dict[int, Acceptance] = field(default_factory=dict)
     errors: int = 0
+    requests: int = 0                    # measured requests, failed ones included
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def error_share(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+class TooManyErrors(RuntimeError):
+    """More measured requests failed than `workload.max_error_share` allows; raised after the metrics are logged."""
+
+
+def check_error_share(summary: Summary, max_share: float) -> None:
+    """Raise TooManyErrors when the failed share of the measured requests is above `max_share`."""
+    if summary.error_share > max_share:
+        kinds = ", ".join(f"{k}: {n}" for k, n in sorted(summary.errors_by_kind.items()))
+        raise TooManyErrors(f"{summary.errors} of {summary.requests} requests failed ({summary.error_share:.1%}; "
+                            f"{kinds}), above workload.max_error_share={max_share}; the records say why per request")
 
 
 def _pct(prefix: str, values_s: list[float]) -> dict[str, float]:
@@ -83,9 +102,12 @@ def turn_metrics(level: LevelResult) -> dict[str, float]:
 
 def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
     s = Summary()
+    kinds: Counter[str] = Counter()
     for level in by_concurrency(levels):
         s.per_level[level.concurrency] = level_metrics(level)
         s.errors += int(s.per_level[level.concurrency]["errors"])
+        s.requests += len(level.records)
+        kinds.update(r.error_kind or "unknown" for r in level.records if r.error is not None or r.e2e_s is None)
         metas = [r.meta for r in level.records if r.meta]
         acc = adapter.acceptance(level.metrics_before, level.metrics_after, metas)
         if acc is not None:
@@ -106,4 +128,6 @@ def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
         for c, acc in s.acceptance_per_level.items():
             s.metrics[f"accept_length_c{c}"] = acc.accept_length
     s.metrics["errors"] = float(s.errors)
+    s.errors_by_kind = dict(kinds)
+    s.metrics.update({f"errors_by_kind/{k}": float(n) for k, n in kinds.items()})
     return s

@@ -1,0 +1,138 @@
+"""The fault suite: one real vLLM-CPU server behind the fault-injecting proxy (tests/helpers/fault_proxy.py); the
+workspace client runs through the proxy and each malformed or missing reply must become a per-request error of
+its kind, a stalled or trickling stream must hit its deadline, and a level past its deadline must end the run."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import compose_cfg
+from omegaconf import OmegaConf
+
+from experiments.engines.base import StreamError
+from experiments.engines.sglang_engine import SGLangAdapter
+from experiments.engines.vllm_engine import VLLMAdapter
+from experiments.harness.client import LevelDeadline, RequestSettings, WorkloadRunner, fixed_prompts
+from experiments.harness.launch import build_launch_spec
+from experiments.harness.server import Server
+from experiments.harness.summary import TooManyErrors, check_error_share, summarize
+from experiments.harness.workloads.sampling import plan_visits
+from experiments.tracking.records import load_records
+from tests.helpers.fault_proxy import set_fault, start_fault_proxy
+
+MAX_TOKENS = 8
+PROMPTS = {f"p{i}": [504, 3458, 30, 100 + i] for i in range(3)}
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory, embedded_ready):
+    """The proxy in front of one vLLM-CPU server (eager mode: starts in ~40 s) shared by the module."""
+    tmp = tmp_path_factory.mktemp("faults")
+    cfg = compose_cfg("+option=baseline", "site=local")
+    OmegaConf.update(cfg, "engine.extra_args", [*cfg.engine.extra_args, "--enforce-eager"])
+    engine = Server(build_launch_spec(cfg), tmp / "vllm.log")
+    engine.start(600)
+    front = None
+    try:
+        front = start_fault_proxy(engine.base_url, tmp / "proxy.log")
+        yield front, cfg.model.name
+    finally:
+        if front is not None:
+            front.stop()
+        engine.stop()
+
+
+def run_through(proxy, path: Path, prompts: int = 1, timeout_s: float = 60, stall_s: float = 60,
+                level_s: float | None = None):
+    """The workspace client at concurrency 1 over the first `prompts` prompts; (level results, seconds taken)."""
+    server, model = proxy
+    convs, render = fixed_prompts({k: PROMPTS[k] for k in list(PROMPTS)[:prompts]})
+    plan = plan_visits(convs, [1], 1, 0, 0, True)
+    settings = RequestSettings(MAX_TOKENS, 0.0, 0, timeout_s, stall_s, level_s)
+    start = time.monotonic()
+    levels = WorkloadRunner(server, VLLMAdapter(), model, settings, render, path).run(plan)
+    return levels, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_a_clean_stream_through_the_proxy_is_no_error(proxy, tmp_path: Path) -> None:
+    set_fault(proxy[0], "none")
+    run_through(proxy, tmp_path / "r.jsonl", prompts=2)
+    records = load_records(tmp_path / "r.jsonl")
+    assert len(records) == 2
+    for r in records:
+        assert r["error"] is None and r["error_kind"] is None and r["e2e_s"] is not None
+        assert 0 < len(r["output_token_ids"]) <= MAX_TOKENS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, options, kind", [
+    ("http_500", {}, "http_500"),
+    ("error_event", {"after": 1}, "error_event"),
+    ("truncate", {"after": 1, "ending": "cut"}, "truncated"),
+    ("truncate", {"after": 1, "ending": "done"}, "no_finish"),
+    ("null_event", {"after": 1}, "null_event"),
+    ("bad_json", {"after": 1}, "bad_json"),
+])
+def test_a_malformed_reply_is_a_counted_error_of_its_kind(proxy, tmp_path: Path, fault, options, kind) -> None:
+    set_fault(proxy[0], fault, **options)
+    levels, _ = run_through(proxy, tmp_path / "r.jsonl")
+    (record,) = load_records(tmp_path / "r.jsonl")
+    assert record["error_kind"] == kind and record["error"] and record["e2e_s"] is None
+    summary = summarize(levels, VLLMAdapter())
+    assert summary.metrics["errors"] == 1.0 and summary.metrics[f"errors_by_kind/{kind}"] == 1.0
+    with pytest.raises(TooManyErrors, match=f"1 of 1 requests failed.*{kind}: 1"):
+        check_error_share(summary, 0.0)
+    check_error_share(summary, 1.0)
+
+
+@pytest.mark.slow
+def test_a_null_event_fails_its_request_not_the_run(proxy, tmp_path: Path) -> None:
+    set_fault(proxy[0], "null_event", after=1, skip=1)
+    levels, _ = run_through(proxy, tmp_path / "r.jsonl", prompts=3)
+    kinds = [r["error_kind"] for r in sorted(load_records(tmp_path / "r.jsonl"), key=lambda r: r["order"])]
+    assert kinds == [None, "null_event", "null_event"]
+    summary = summarize(levels, VLLMAdapter())
+    assert summary.errors == 2 and summary.requests == 3 and summary.per_level[1]["requests"] == 1.0
+    with pytest.raises(TooManyErrors):
+        check_error_share(summary, 0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, options, kind, timeout_s, stall_s", [
+    ("hang", {}, "stall", 60, 2),                        # no status line at all
+    ("trickle", {"every_s": 0.2}, "stall", 60, 2),       # bytes keep coming, events do not
+    ("trickle", {"every_s": 0.2}, "deadline", 3, 60),    # the request's total deadline, whatever arrives
+])
+def test_a_stalled_or_trickling_stream_hits_its_deadline(proxy, tmp_path: Path, fault, options, kind, timeout_s,
+                                                         stall_s) -> None:
+    set_fault(proxy[0], fault, **options)
+    _, took = run_through(proxy, tmp_path / "r.jsonl", timeout_s=timeout_s, stall_s=stall_s)
+    (record,) = load_records(tmp_path / "r.jsonl")
+    assert record["error_kind"] == kind
+    assert took < min(timeout_s, stall_s) + 8          # the deadline, a liveness check and the level's end
+
+
+@pytest.mark.slow
+def test_a_level_past_its_deadline_ends_the_run_with_the_records_so_far(proxy, tmp_path: Path) -> None:
+    set_fault(proxy[0], "hang", skip=1)
+    start = time.monotonic()
+    with pytest.raises(LevelDeadline, match="level_timeout_s=5.* 1 of 3 requests done"):
+        run_through(proxy, tmp_path / "r.jsonl", prompts=3, level_s=5)
+    assert time.monotonic() - start < 15
+    (record,) = load_records(tmp_path / "r.jsonl")
+    assert record["error"] is None and record["output_token_ids"]
+
+
+@pytest.mark.parametrize("adapter", [VLLMAdapter(), SGLangAdapter()], ids=["vllm", "sglang"])
+@pytest.mark.parametrize("event, kind", [
+    (None, "null_event"),
+    ([1, 2], "bad_json"),
+    ({"error": {"message": "boom", "code": 500}}, "error_event"),          # vLLM's and SGLang's stream error
+    ({"object": "error", "message": "boom", "type": "BadRequestError"}, "error_event"),   # older vLLM
+])
+def test_both_engines_refuse_an_event_the_request_fails_on(adapter, event, kind) -> None:
+    with pytest.raises(StreamError) as refused:
+        adapter.parse_event(event, 0)
+    assert refused.value.kind == kind

@@ -1,0 +1,156 @@
+"""Fault-injecting proxy for the fault suite: an aiohttp server in front of a real engine that forwards every
+request and injects the configured fault into the replies of streaming requests (a body with `"stream": true`).
+The engine stays real; only the faults are made up.
+
+Faults, set with POST /fault {"kind": ..., options} (`set_fault`); kind `none` passes everything through:
+- hang: never answers (no status line, no event)
+- http_500: answers HTTP 500 without asking the engine
+- error_event: `after` events, then vLLM's error event and `data: [DONE]`
+- truncate: `after` events, then the connection cut (`ending: "cut"`) or a clean `data: [DONE]` without the
+  finish event (`ending: "done"`)
+- null_event: `after` events, then `data: null`, then the rest
+- bad_json: `after` events, then a line that is not JSON, then the rest
+- trickle: the whole reply, one byte every `every_s` seconds
+`skip`: the first `skip` streaming requests after a configuration pass through untouched.
+
+`python -m tests.helpers.fault_proxy --upstream http://127.0.0.1:8000 --port 8123`, or from Python
+`start_fault_proxy(upstream_url)`: a started `experiments.harness.server.Server` (stop it when done).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import aiohttp
+import httpx
+from aiohttp import web
+
+from experiments.config.paths import ROOT
+from experiments.harness.launch import LaunchSpec
+from experiments.harness.server import Server
+
+MODULE = "tests.helpers.fault_proxy"
+FAULTS = ("none", "hang", "http_500", "error_event", "truncate", "null_event", "bad_json", "trickle")
+ERROR_EVENT = {"error": {"object": "error", "message": "injected fault", "type": "InternalServerError", "code": 500}}
+DONE = b"data: [DONE]\n\n"
+
+
+class FaultProxy:
+    def __init__(self, upstream: str):
+        self.upstream = upstream.rstrip("/")
+        self.fault: dict = {"kind": "none"}
+        self.streams = 0          # streaming requests since the fault was set
+        self.session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=2 ** 26)
+        app.router.add_post("/fault", self.set_fault)
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        app.cleanup_ctx.append(self._session)
+        return app
+
+    async def _session(self, app: web.Application):
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), read_bufsize=2 ** 22)
+        yield
+        await self.session.close()
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        fault = await request.json()
+        if fault.get("kind") not in FAULTS:
+            return web.json_response({"error": f"unknown fault {fault.get('kind')!r}; known: {FAULTS}"}, status=400)
+        self.fault, self.streams = fault, 0
+        return web.json_response(fault)
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        streaming = request.method == "POST" and _is_streaming(body)
+        fault = self._fault_for(streaming)
+        if fault["kind"] == "hang":
+            await asyncio.Event().wait()
+        if fault["kind"] == "http_500":
+            return web.Response(status=500, text="injected fault: http_500")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
+        async with self.session.request(request.method, self.upstream + request.rel_url.path_qs, data=body,
+                                        headers=headers) as up:
+            if not streaming or up.status != 200:
+                return web.Response(status=up.status, body=await up.read(), content_type=up.content_type)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            await self._relay(request, up, resp, fault)
+            return resp
+
+    def _fault_for(self, streaming: bool) -> dict:
+        if not streaming:
+            return {"kind": "none"}
+        self.streams += 1
+        return self.fault if self.streams > int(self.fault.get("skip", 0)) else {"kind": "none"}
+
+    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse, resp: web.StreamResponse,
+                     fault: dict) -> None:
+        """The engine's reply line by line, with `fault` injected after `after` events."""
+        kind, after, events = fault["kind"], int(fault.get("after", 2)), 0
+        async for line in up.content:
+            if kind == "trickle":
+                await _trickle(resp, line, float(fault.get("every_s", 1.0)))
+                continue
+            if line.startswith(b"data:") and events == after and kind != "none":
+                if kind == "error_event":
+                    await resp.write(b"data: " + json.dumps(ERROR_EVENT).encode() + b"\n\n" + DONE)
+                    return
+                if kind == "truncate":
+                    if fault.get("ending", "cut") == "done":
+                        await resp.write(DONE)
+                        return
+                    request.transport.abort()   # mid-reply: no terminating chunk
+                    return
+                await resp.write(b"data: null\n\n" if kind == "null_event" else b"data: {not json\n\n")
+            events += line.startswith(b"data:")
+            await resp.write(line)
+        await resp.write_eof()
+
+
+async def _trickle(resp: web.StreamResponse, line: bytes, every_s: float) -> None:
+    for i in range(len(line)):
+        await resp.write(line[i:i + 1])
+        await asyncio.sleep(every_s)
+
+
+def _is_streaming(body: bytes) -> bool:
+    try:
+        return bool(json.loads(body or b"{}").get("stream"))
+    except (ValueError, AttributeError):
+        return False
+
+
+def start_fault_proxy(upstream: str, log_path: Path | None = None, timeout_s: float = 30.0) -> Server:
+    """The proxy in front of `upstream` in its own process group, healthy (it forwards /health), on a free port."""
+    pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    spec = LaunchSpec(engine="fault_proxy", python=sys.executable, module=MODULE, args=["--upstream", upstream],
+                      env={"PYTHONPATH": pythonpath}, health_path="/health")
+    server = Server(spec, log_path or Path(tempfile.gettempdir()) / f"specws-fault-proxy-{os.getpid()}.log")
+    server.start(timeout_s, health_poll_s=0.2)
+    return server
+
+
+def set_fault(proxy: Server, kind: str, **options) -> None:
+    """Inject `kind` (see the module docstring) into the streaming replies from now on."""
+    httpx.post(proxy.base_url + "/fault", json={"kind": kind, **options}, timeout=10).raise_for_status()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--upstream", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8123)
+    args = p.parse_args()
+    web.run_app(FaultProxy(args.upstream).app(), host=args.host, port=args.port, print=None,
+                handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
