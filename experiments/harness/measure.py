@@ -76,19 +76,16 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
             client.set_tag(run_id, "specws.baseline_run_id", baseline.info.run_id)
             base_tok_s = {int(k.removeprefix("output_tok_s_c")): v for k, v in bm.items()
                           if k.startswith("output_tok_s_c")}
-            if w.temperature == 0.0:
-                metrics.update(_greedy_check(client, run_id, baseline, records_path, server, adapter,
-                                             cfg))
-            else:
-                metrics.update(_sampled_check(client, run_id, baseline, records_path))
         # per level, for the post-run prediction (experiments/analysis/predict.py), which reads them back
         metrics.update({f"spec_drafts_c{c}": float(a.drafts) for c, a in summary.acceptance_per_level.items()})
         tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
         client.log_figure(run_id, plots.throughput_vs_concurrency(tok_s, base_tok_s, cfg.option.name),
                           "plots/throughput_vs_concurrency.png")
-        client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0)
-                                          for k, v in metrics.items()])
-        client.log_dict(run_id, {"metrics": metrics, "per_level": summary.per_level}, "summary.json")
+        _log_summary(client, run_id, metrics, summary)
+        if baseline is not None:  # after the measurement is logged: a check that fails must not take it along
+            metrics.update(_agreement_check(client, run_id, baseline, records_path, server, adapter, cfg,
+                                            greedy=w.temperature == 0.0))
+            _log_summary(client, run_id, metrics, summary)
         _report(cfg, metrics)
         check_error_share(summary, w.max_error_share)   # after logging: a failed run keeps its numbers
         return metrics
@@ -100,6 +97,19 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
             client.log_artifact(run_id, str(log_path), "server")
         elif server is not None and server.log_path.exists():
             client.log_artifact(run_id, str(server.log_path), "server")
+
+
+def _log_summary(client: MlflowClient, run_id: str, metrics: dict[str, float], summary) -> None:
+    client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items()])
+    client.log_dict(run_id, {"metrics": metrics, "per_level": summary.per_level}, "summary.json")
+
+
+def _agreement_check(client: MlflowClient, run_id: str, baseline: Run, records_path: Path, server, adapter,
+                     cfg: DictConfig, greedy: bool) -> dict:
+    """Greedy agreement with the baseline (temperature 0), else the distribution check of sampled outputs."""
+    if greedy:
+        return _greedy_check(client, run_id, baseline, records_path, server, adapter, cfg)
+    return _sampled_check(client, run_id, baseline, records_path)
 
 
 def _server_for(cfg: DictConfig, spec: LaunchSpec, log_path: Path, prepared: PreparedWorkload):
