@@ -60,6 +60,15 @@ def run_workspace(*args: str, env: dict | None = None, timeout: float = 1800,
                           capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def import_into(source: Path, tmp: Path) -> tuple[MlflowClient, subprocess.CompletedProcess]:
+    """`python -m experiments.tracking.import_runs` from an offline folder into a SQLite store under `tmp`."""
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    out = subprocess.run([sys.executable, "-m", "experiments.tracking.import_runs", str(source), "--tracking-uri", uri,
+                          "--artifact-root", str(tmp / "artifacts")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    return MlflowClient(uri), out
+
+
 def run_fixed(server, adapter, tokens: int, path: Path, token_ids: dict[str, list[int]], levels: list[int],
               repetitions: int = 1, warmup: int = 0, reuse: bool = True):
     """The workspace client over prompts given as token ids (the loopback server has no state to contaminate:

@@ -1,15 +1,13 @@
 """Decision report: paired intervals from records the real client wrote, the report over the real H200 runs of
-2026-11-30 (contaminated A, clean B), escaping, and the report over runs the workspace measured with the embedded
-engine in a temporary store."""
+2026-11-30 (contaminated A, clean B), escaping (the report over runs measured on the embedded engine:
+tests/e2e/test_offline_pair.py)."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 
 import mlflow
-import pytest
-from conftest import run_fixed, run_workspace
+from conftest import run_fixed
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.categories import acceptor, category_rows
@@ -19,7 +17,6 @@ from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.tracking.records import load_records
 from tests.helpers.loopback_server import start_loopback
 
-EXPERIMENT = "smollm2_135m@local"
 H200 = "smollm2_135m@h200"
 
 
@@ -91,46 +88,3 @@ def test_labels_are_escaped() -> None:
     assert "<script>" not in text and "&lt;script&gt;" in text and "<cat>" not in text and "&lt;cat&gt;" in text
     assert "<later>" not in text and "a&amp;b" in text and "title &lt;t&gt;" in text
     assert s.verdict().startswith(CONTAMINATED)
-
-
-@pytest.mark.slow
-def test_report_on_measured_runs(tmp_path: Path, embedded_ready) -> None:
-    """Baseline + option A measured by `experiments.run` on the smoke workload, then the report."""
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_workspace("+option=A", "workload=smoke", "workload.concurrency=[1,2]", "workload.num_prompts=6",
-                        f"tracking.uri={store}",
-                        f"tracking.artifact_root={tmp_path / 'artifacts'}",
-                        'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]')
-    assert out.returncode == 0, out.stderr[-4000:]
-    mlflow.set_tracking_uri(store)
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(EXPERIMENT)
-    (option,) = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("specws.option") == "A"]
-    m = option.data.metrics
-    # the speedup model ran inside the measurement and logged its predictions beside the measurements
-    assert {"predicted_speedup_c1", "predicted_output_tok_s_c2", "predicted_break_even_accept_length_c1"} <= set(m)
-    assert "replay" in option.data.tags["specws.prediction"]
-    assert main([EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "reports")]) == 0
-    html = tmp_path / "reports" / "report-smollm2_135m_local.html"
-    assert html.exists() and (tmp_path / "reports" / "report-smollm2_135m_local.png").exists()
-    text = html.read_text()
-    assert "Verdict" in text and "data:image/png;base64," in text
-    (report_run,) = client.search_runs([exp.experiment_id], "tags.`specws.mode` = 'report'")
-    verdicts = json.loads(Path(client.download_artifacts(report_run.info.run_id, "report/verdicts.json",
-                                                         str(tmp_path))).read_text())
-    (entry,) = verdicts.values()
-    assert set(entry["points"]) == {"1", "2"}
-    measured = m["output_tok_s_c1"] / client.get_run(option.data.tags["specws.baseline_run_id"]).data.metrics[
-        "output_tok_s_c1"]
-    point = entry["points"]["1"]
-    # at c = 1 the paired estimate (Σtok / Σe2e) is the wall-clock ratio up to the client's gaps between requests
-    assert point["logged"] == pytest.approx(measured) and point["speedup"] == pytest.approx(measured, rel=0.05)
-    assert point["low"] <= point["speedup"] <= point["high"] and point["prompts"] >= 1
-    assert point["predicted"] == pytest.approx(m["predicted_speedup_c1"])
-    assert entry["verdict"].split(":")[0] in {"pays", "does not pay", "depends", CONTAMINATED}
-    # --since: one lease's runs; a time after every run leaves nothing, refused without writing a report
-    start = datetime.fromtimestamp(option.info.start_time / 1000, UTC).strftime("%Y-%m-%dT%H:%M")
-    assert main([EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "since"), "--since", start]) == 0
-    assert len(list((tmp_path / "since").glob("report-*-since-*.png"))) == 1
-    assert main([EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "later"), "--since", "2100-01-01"]) == 2
-    assert not (tmp_path / "later").exists()

@@ -17,6 +17,7 @@ from experiments.engines.base import Validation
 from experiments.engines.sglang_engine import CHECK_SCRIPT, SGLangAdapter, server_info_limits
 from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.harness.launch import build_launch_spec
+from experiments.harness.pipeline import validated_spec
 
 SGLANG_CASES = [(site, option) for site in ("h200", "blackwell") for option in ("baseline", "A", "B", "E")] + \
     [("h200", "E model=tiny_moe_dsv3")]
@@ -67,9 +68,9 @@ def test_a_limit_the_site_or_the_user_gives_is_left_to_them() -> None:
 
 @pytest.mark.parametrize("option", ["baseline", "A", "C"])
 def test_vllm_engine_config_reports_the_pinned_max_num_seqs(option: str, embedded_ready) -> None:
-    spec = build_launch_spec(compose_cfg(f"+option={option}"))
+    # the runner's own check, cached per command line: tests/engines/test_parsers.py checks option A's too
+    spec, validation = validated_spec(compose_cfg(f"+option={option}"))
     assert _flag(spec.args, "--max-num-seqs") == "4"    # grounded: concurrency [1, 4]
-    validation = VLLMAdapter().validate(spec.python, spec.args)
     assert validation.ok, validation.error
     limits = VLLMAdapter().effective_limits("http://127.0.0.1:9", validation)
     assert limits["max_num_seqs"] == 4 and limits["max_model_len"] == 2048

@@ -1,26 +1,13 @@
-"""Hosts without MLflow record runs as files (offline://); the importer logs them into an MLflow store."""
+"""Hosts without MLflow record runs as files (offline://); the importer logs them into an MLflow store (measured on a
+real engine: tests/e2e/test_offline_pair.py)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-from conftest import run_workspace
-from mlflow.tracking import MlflowClient
+from conftest import import_into, run_workspace
 
 from experiments.config.paths import ROOT
 from experiments.tracking.offline_store import OfflineClient
-
-EAGER = 'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]'
-
-
-def import_into(source: Path, tmp: Path) -> tuple[MlflowClient, subprocess.CompletedProcess]:
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    out = subprocess.run([sys.executable, "-m", "experiments.tracking.import_runs", str(source), "--tracking-uri", uri,
-                          "--artifact-root", str(tmp / "artifacts")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
-    return MlflowClient(uri), out
 
 
 def test_offline_client_search_matches_tags_and_status(tmp_path: Path) -> None:
@@ -63,25 +50,3 @@ def test_import_refuses_a_folder_without_runs(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     _, out = import_into(tmp_path / "empty", tmp_path)
     assert out.returncode != 0 and "holds no offline runs" in out.stderr
-
-
-@pytest.mark.slow
-def test_measured_runs_offline_keep_baseline_pairing_after_import(tmp_path: Path, embedded_ready) -> None:
-    """Baseline + option A measured on a real vLLM server into the offline store (as on the H200 host)."""
-    offline = tmp_path / "offline"
-    out = run_workspace("+option=A", "workload=smoke", "workload.concurrency=[1]", EAGER,
-                        f"tracking.uri=offline://{offline}", f"hydra.run.dir={tmp_path / 'run'}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    source = OfflineClient(offline)
-    assert len(source.run_ids()) == 2
-    client, imp = import_into(offline, tmp_path)
-    assert imp.returncode == 0, imp.stderr[-3000:]
-    exp = client.get_experiment_by_name("smollm2_135m@local")
-    runs = {r.data.tags["specws.option"]: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"baseline", "A"}
-    option, base = runs["A"], runs["baseline"]
-    assert option.data.tags["specws.baseline_run_id"] == base.info.run_id  # rewritten to the new id
-    assert option.data.metrics["accept_length"] > 1.0
-    assert option.data.metrics["speedup_vs_baseline"] > 0
-    assert {a.path for a in client.list_artifacts(option.info.run_id)} >= {"records", "server", "summary.json"}
-    assert all(r.info.status == "FINISHED" for r in runs.values())
