@@ -9,18 +9,10 @@ import signal
 import sys
 import time
 
-import psutil
+from experiments.tracking.processes import same_process
 
 POLL_S = 1.0
 GRACE_S = 5.0
-
-
-def runner_alive(pid: int, start_time: float) -> bool:
-    """The runner is alive: its pid exists and is the same process (a reused pid has another start time)."""
-    try:
-        return abs(psutil.Process(pid).create_time() - start_time) < 1.0
-    except psutil.Error:
-        return False
 
 
 def group_alive(pgid: int) -> bool:
@@ -46,7 +38,7 @@ def take_down(pgid: int) -> None:
 
 def watch(runner_pid: int, runner_start: float, pgid: int) -> None:
     while group_alive(pgid):
-        if not runner_alive(runner_pid, runner_start):
+        if not same_process(runner_pid, runner_start):
             take_down(pgid)
             return
         time.sleep(POLL_S)

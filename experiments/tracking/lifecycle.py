@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import psutil
 from rich.console import Console
 
+from experiments.tracking.processes import same_process
 from experiments.tracking.redact import redact_params, redact_text
 from experiments.tracking.store import PARENT_ENV, log_params
 
@@ -74,20 +75,13 @@ def fail_stale_runs(client, experiment_id: str) -> list[str]:
     stale = []
     for run in client.search_runs([experiment_id], filter_string=query):
         pid, _, started = run.data.tags.get(RUNNER_TAG, "").partition(":")
-        if pid.isdigit() and not _process_alive(int(pid), float(started or 0)):
+        if pid.isdigit() and not same_process(int(pid), float(started or 0)):
             client.set_tag(run.info.run_id, FAILURE_TAG, f"its runner (pid {pid}) ended without closing it")
             client.set_terminated(run.info.run_id, "FAILED")
             stale.append(run.info.run_id)
     if stale:
         console.print(f"marked {len(stale)} run(s) FAILED whose runner is gone: {', '.join(stale)}")
     return stale
-
-
-def _process_alive(pid: int, start_time: float) -> bool:
-    try:
-        return abs(psutil.Process(pid).create_time() - start_time) < 1.0
-    except psutil.Error:
-        return False
 
 
 def _end(run: TrackedRun, status: str, reason: str, strict: bool = False) -> None:
