@@ -12,7 +12,8 @@ to the children in SPECWS_SGLANG_PATCHES_ACTIVE.
 
 Environment: SPECWS_SGLANG_PATCHES (comma-separated names), SPECWS_SGLANG_SELFCHECK (auto | required | off;
 auto runs it when a CUDA device is present and the checkpoint is INT4 weight-only), SPECWS_SITE,
-SPECWS_SGLANG_ENTRY (the module handed over to; default sglang.launch_server).
+SPECWS_SGLANG_ENTRY (the module handed over to; default sglang.launch_server), SPECWS_SGLANG_PATCHES_FORCED
+(names among the requested whose conditions are bypassed, e.g. the SM 12.x kernel swap measured on sm_90).
 Every process writes one `SPECWS_SGLANG_PATCHES_REPORT {json}` line to stderr (the server log).
 """
 from __future__ import annotations
@@ -32,15 +33,29 @@ PATCHES_ENV = "SPECWS_SGLANG_PATCHES"
 ACTIVE_ENV = "SPECWS_SGLANG_PATCHES_ACTIVE"
 SELFCHECK_ENV = "SPECWS_SGLANG_SELFCHECK"
 ENTRY_ENV = "SPECWS_SGLANG_ENTRY"
+FORCED_ENV = "SPECWS_SGLANG_PATCHES_FORCED"
 EXIT_REFUSED, EXIT_SELFCHECK = 2, 3
 
 
-def launcher_env(patches: list[str], site: str, pythonpath: str | None) -> dict[str, str]:
-    """Environment the workspace gives the launcher: the patch names, the site, and this workspace on
-    PYTHONPATH ahead of what is there already (SGLang may itself come from PYTHONPATH, as on the H200)."""
+def launcher_env(patches: list[str], site: str, pythonpath: str | None,
+                 forced: list[str] | None = None) -> dict[str, str]:
+    """Environment the workspace gives the launcher: the patch names (and those forced past their conditions),
+    the site, and this workspace on PYTHONPATH ahead of what is there already (SGLang may itself come from
+    PYTHONPATH, as on the H200)."""
     root = str(Path(__file__).resolve().parent.parent)
     paths = [root, *[p for p in (pythonpath or "").split(os.pathsep) if p and p != root]]
-    return {PATCHES_ENV: ",".join(patches), "SPECWS_SITE": site, "PYTHONPATH": os.pathsep.join(paths)}
+    env = {PATCHES_ENV: ",".join(patches), "SPECWS_SITE": site, "PYTHONPATH": os.pathsep.join(paths)}
+    return env | ({FORCED_ENV: ",".join(forced)} if forced else {})
+
+
+def force_skipped(patches: list, active: list, skipped: list[dict], forced: list[str]) -> tuple[list, list[dict]]:
+    """Move the forced patches from skipped to active, keeping the requested order; a forced name that was not
+    requested is refused (a knob that would do nothing)."""
+    names = [p.name for p in patches]
+    if unknown := [f for f in forced if f not in names]:
+        raise PatchRefused(f"forced patches {unknown} are not among the requested {names}")
+    keep = {p.name for p in active} | set(forced)
+    return [p for p in patches if p.name in keep], [s for s in skipped if s["name"] not in forced]
 
 
 def names_from_env(var: str) -> list[str]:
@@ -132,7 +147,9 @@ def launch(argv: list[str]) -> int:
         record["sglang_version"] = sglang_version()
         ctx, ns, config = detect_context(argv)
         record["context"] = {k: v for k, v in vars(ctx).items()}
-        active, record["skipped"] = select(patches, ctx)
+        active, skipped = select(patches, ctx)
+        record["forced"] = names_from_env(FORCED_ENV)
+        active, record["skipped"] = force_skipped(patches, active, skipped, record["forced"])
         record["applied"] = apply_patches(active, record["sglang_version"])
     except (UnknownPatch, PatchRefused) as exc:
         record["refused"] = str(exc)

@@ -35,6 +35,12 @@ def sglang_patches_for(cfg: DictConfig) -> list[str]:
     return list(dict.fromkeys(str(n) for n in names))
 
 
+def forced_patches(cfg: DictConfig) -> list[str]:
+    """Patches applied whatever their conditions say (`site.patches_forced`): e.g. the SM 12.x INT4 kernel swap
+    forced on an sm_90 host to measure it there. Each must also be requested."""
+    return [str(n) for n in (cfg.site.get("patches_forced") or [])] if engine_name(cfg) == "sglang" else []
+
+
 def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
     """Option E: the expert budget B the server ran with; B >= the model's routed experts is unbudgeted."""
     if "moe_budget" not in patches:
@@ -53,4 +59,5 @@ def engine_tags(cfg: DictConfig, engine_version: str) -> dict[str, str]:
     return moe_budget_tags(cfg, requested) | {
         "specws.engine": engine_name(cfg), "specws.engine_version": engine_version,
         "sglang_patches.requested": ",".join(requested) or "none",
+        "sglang_patches.forced": ",".join(forced_patches(cfg)) or "none",
         "sglang_patches.applied": "no launcher report yet" if sglang else "none"}

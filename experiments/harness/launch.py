@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.engines.config import adapter_of, engine_name, sglang_patches_for, site_args
+from experiments.engines.config import adapter_of, engine_name, forced_patches, sglang_patches_for, site_args
 from experiments.tracking.redact import redact_env, redact_text
 
 
@@ -63,7 +63,8 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     patches = sglang_patches_for(cfg)
     if cfg.engine.module == "sglang_patches.launch":   # the patch launcher in front of SGLang's entry point
         from sglang_patches.launch import launcher_env
-        env |= launcher_env(patches, cfg.site.name, str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")))
+        env |= launcher_env(patches, cfg.site.name, str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")),
+                            forced_patches(cfg))
         env |= patch_env(cfg, patches)
     return LaunchSpec(engine=engine_name(cfg), python=cfg.engine.python, module=cfg.engine.module,
                       args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import Refused  # noqa: F401  (re-exported for the callers)
-from experiments.engines.config import available_on_site, engine_name, sglang_patches_for, site_args
+from experiments.engines.config import available_on_site, engine_name, forced_patches, sglang_patches_for, site_args
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.tracking.offline_store import URI_PREFIX
 from experiments.tracking.redact import redact_text
@@ -64,6 +64,9 @@ def check_patches(cfg: DictConfig) -> None:
         raise Refused(str(exc)) from None
     if patches and cfg.engine.module != "sglang_patches.launch":
         raise Refused(f"patches {patches} need engine.module=sglang_patches.launch (it is {cfg.engine.module})")
+    if unrequested := [n for n in forced_patches(cfg) if n not in patches]:
+        raise Refused(f"site.patches_forced {unrequested} are not among the patches applied {patches}: "
+                      "add them to site.patches")
     budget = str(cfg.spec.get("moe_expert_budget"))
     if "moe_budget" in patches and not (budget.isdigit() and int(budget) >= 1):
         raise Refused(f"spec.moe_expert_budget must be a positive integer, got {budget!r}")

@@ -3,6 +3,7 @@
 Runs with the host's python3 and the offline bundle on PYTHONPATH (SGLang 0.5.14, Hydra; no mlflow):
 
     python3 -m experiments.moe.h200_serve --model DIR --out $OUT --phase decode|ngram|graphs [--ks 2,4,8]
+        [--model-config kimi_k25_mini --site h200-kimi --override KEY=VALUE ...]
 
 Every server is the ordinary runner's: the config composed for `site=h200 model=tiny_moe_dsv3` and an option,
 its command line built by `harness.launch` (the site's SGLang flags, the engine adapter's model, speculation
@@ -46,10 +47,12 @@ NGRAM_CHAIN = {"ngram.min_bfs_breadth": 1, "ngram.max_bfs_breadth": 1, "ngram.ma
 
 
 def launch_spec(a: argparse.Namespace, option: str, spec: dict, extra_args: list[str]) -> LaunchSpec:
-    """The server for `+option=<option>` on the H200 site with the small MoE at `a.model`, `spec` settings
-    (dotted keys under spec.) and `extra_args` on top; its engine limits sized for `a.concurrency`."""
+    """The server for `+option=<option>` on `a.site` with the model config `a.model_config` served from
+    `a.model`, `spec` settings (dotted keys under spec.), `a.overrides` (Hydra overrides) and `extra_args` on
+    top; its engine limits sized for `a.concurrency`."""
+    overrides = [f"site={a.site}", f"model={a.model_config}", f"+option={option}", *a.overrides]
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
-        cfg = compose("config", overrides=["site=h200", "model=tiny_moe_dsv3", f"+option={option}"])
+        cfg = compose("config", overrides=overrides)
     cfg.model.path = str(a.model)
     cfg.workload.concurrency = list(a.concurrency)
     cfg.engine.extra_args = list(extra_args)
@@ -221,7 +224,11 @@ def ints(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="the model folder served")
+    p.add_argument("--model-config", default="tiny_moe_dsv3", help="conf/model/<name>.yaml describing it")
+    p.add_argument("--site", default="h200")
+    p.add_argument("--override", dest="overrides", action="append", default=[],
+                   help="a Hydra override on top (repeatable), e.g. model.moe.router_skew=1.0")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "moe-h200-out")))
     p.add_argument("--phase", choices=["decode", "ngram", "graphs"], required=True)
     p.add_argument("--ks", type=ints, default=[2, 4, 8], help="draft tokens per verify (NGRAM)")

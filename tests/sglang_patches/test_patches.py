@@ -133,6 +133,25 @@ def test_launcher_reports_a_patch_whose_condition_fails_as_skipped() -> None:
     assert launcher["context"]["model_type"] == "llama"
 
 
+def test_a_forced_patch_is_applied_past_its_condition_and_reported() -> None:
+    """No CUDA device here, so the condition fails; forced, the launcher applies it anyway. The CPU install
+    cannot import the MoE scheme modules (no tvm_ffi), so applying is refused by target, all or nothing:
+    which shows the patch was taken past its condition, not skipped."""
+    env = {"SPECWS_SGLANG_PATCHES": "sm12x_wna16_moe_triton", "SPECWS_SGLANG_ENTRY": "sglang.version",
+           "SPECWS_SGLANG_PATCHES_FORCED": "sm12x_wna16_moe_triton"}
+    res = _launcher(env, "--model-path", str(ROOT / ".cache/models/SmolLM2-135M-Instruct"), timeout=600)
+    launcher = parse_log(res.stderr)["launcher"]
+    assert launcher["forced"] == ["sm12x_wna16_moe_triton"] and launcher["skipped"] == []
+    assert res.returncode == 2 and "get_moe_scheme missing" in launcher["refused"]
+
+
+def test_forcing_a_patch_that_is_not_requested_is_refused() -> None:
+    from sglang_patches.launch import force_skipped
+    patches = resolve(["sm12x_wna16_moe_triton"])
+    with pytest.raises(PatchRefused, match="moe_budget"):
+        force_skipped(patches, [], [{"name": "sm12x_wna16_moe_triton", "reason": "no CUDA device"}], ["moe_budget"])
+
+
 def test_resolve_refuses_unknown_names_all_at_once() -> None:
     with pytest.raises(KeyError, match=r"\['x', 'y'\]"):
         resolve(["reach_marker", "x", "y"])
