@@ -5,7 +5,9 @@ import asyncio
 import hashlib
 import itertools
 import json
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +52,7 @@ class RequestRecord:
     meta: dict | None = None
     error: str | None = None
     error_kind: str | None = None        # http_<status>, error_event, no_finish, null_event, bad_json, truncated,
-                                         # stall, deadline, connection
+                                         # stall, deadline, connection; skipped_after_stall: never sent
 
     @property
     def itl_s(self) -> list[float]:
@@ -80,8 +82,41 @@ Render = Callable[[Conversation, int, list[str]], list[int]]
 SERVER_FAULT_KINDS = frozenset({"stall", "deadline", "truncated", "connection"})
 
 
+SKIPPED_AFTER_STALL = "skipped_after_stall"
+log = logging.getLogger(__name__)
+
+
 class LevelDeadline(RuntimeError):
     """A measured level ran past `workload.level_timeout_s`; its finished requests are in the records file."""
+
+
+class WarmupFailed(RuntimeError):
+    """Every warm-up request of a stage failed: the server does not answer as it should; nothing was measured."""
+
+
+@dataclass
+class WarmupStats:
+    """The unrecorded warm-up requests: how many were sent and how each failed one failed."""
+    requests: int = 0
+    failures: list[dict] = field(default_factory=list)    # prompt_id, stage, error_kind, error
+
+    def metrics(self) -> dict[str, float]:
+        kinds = Counter(f["error_kind"] for f in self.failures)
+        return {"warmup_requests": float(self.requests), "warmup_errors": float(len(self.failures)),
+                **{f"warmup_errors_by_kind/{k}": float(n) for k, n in kinds.items()}}
+
+    def add(self, stage: str, records: list[RequestRecord]) -> None:
+        """Count a stage's records; raise WarmupFailed when all of them failed."""
+        self.requests += len(records)
+        failed = [r for r in records if r.error is not None]
+        for r in failed:
+            log.warning("warm-up request %s (%s) failed: %s: %s", r.prompt_id, stage, r.error_kind, r.error)
+            self.failures.append({"prompt_id": r.prompt_id, "stage": stage, "error_kind": r.error_kind,
+                                  "error": r.error})
+        if records and len(failed) == len(records):
+            kinds = ", ".join(f"{k}: {n}" for k, n in sorted(Counter(r.error_kind for r in failed).items()))
+            raise WarmupFailed(f"all {len(records)} warm-up requests {stage} failed ({kinds}; first: "
+                               f"{failed[0].error}): the server does not answer as it should, nothing was measured")
 
 
 @dataclass
@@ -102,6 +137,7 @@ class WorkloadRunner:
                  render: Render, records_path: Path):
         self.server, self.adapter, self.model, self.settings = server, adapter, model, settings
         self.render, self.records_path = render, records_path
+        self.warmup = WarmupStats()
 
     def run(self, plan: VisitPlan) -> list[LevelResult]:
         """One result per (level, repetition) slice, in the plan's order."""
@@ -117,34 +153,48 @@ class WorkloadRunner:
                                          json_serialize=dump_json,
                                          connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2,
                                                                         ssl=False)) as client:
-            for conv in plan.warmup:
-                await self._unrecorded(client, conv)
+            await self._warm_up(client, plan.warmup, "at concurrency 1", concurrent=False)
             results = []
             # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), refresh_per_second=2) as progress:
                 for level in plan.levels:
-                    batch = plan.level_warmup.get(level) or []
-                    if batch:
-                        await self._warm_level(client, batch)
+                    # an engine's first batch of a new size can stall on one-off work (SGLang on the H200: the
+                    # first c4 batch waited 0.5 s, which cost A 3x at c4): one unrecorded batch first
+                    await self._warm_up(client, plan.level_warmup.get(level) or [], f"before concurrency {level}",
+                                        concurrent=True)
                     for rep in range(plan.repetitions):
                         convs = plan.measured[(level, rep)]
                         results.append(await self._level(client, progress, convs, level, rep))
             return results
 
-    async def _warm_level(self, client, batch: list[Conversation]) -> None:
-        """One unrecorded batch at this concurrency first: an engine's first batch of a new size can stall on
-        one-off work (SGLang on the H200: the first c4 batch waited 0.5 s, which cost A 3x at c4). Its
-        conversations are warm-up ones, never measured."""
-        await asyncio.gather(*(self._unrecorded(client, conv) for conv in batch))
+    async def _warm_up(self, client, convs: list[Conversation], stage: str, concurrent: bool) -> None:
+        """Unrecorded requests of warm-up conversations (never measured), one after another or all at once;
+        their errors are counted in `self.warmup`. After one stalls, the rest are not sent."""
+        records: list[RequestRecord] = []
+        stalled: list[RequestRecord] = []
 
-    async def _unrecorded(self, client, conv: Conversation) -> None:
-        rec = self._record(conv, 0, 0, 0, [])
-        await self._request(client, rec, time.perf_counter())
+        async def one(conv: Conversation) -> None:
+            rec = self._record(conv, 0, 0, 0, [], sent=not stalled)
+            if stalled:
+                _skip(rec, stalled[0], self.settings.stall_timeout_s)
+            else:
+                await self._request(client, rec, time.perf_counter())
+                if rec.error_kind == "stall":
+                    stalled.append(rec)
+            records.append(rec)
 
-    def _record(self, conv: Conversation, level: int, rep: int, turn: int, answers: list[str]) -> RequestRecord:
+        if concurrent:
+            await asyncio.gather(*(one(conv) for conv in convs))
+        else:
+            for conv in convs:
+                await one(conv)
+        self.warmup.add(stage, records)
+
+    def _record(self, conv: Conversation, level: int, rep: int, turn: int, answers: list[str],
+                sent: bool = True) -> RequestRecord:
         ids = self.render(conv, turn, answers)
-        visit = self.server.visits.count(conv.id, turn)
+        visit = self.server.visits.count(conv.id, turn) if sent else 0
         return RequestRecord(level, rep, conv.id, ids, category=conv.category, turn=turn, visit=visit,
                              seed=self.settings.seed_for(conv.id, turn))
 
@@ -155,15 +205,21 @@ class WorkloadRunner:
         sem = asyncio.Semaphore(level)
         records: list[RequestRecord] = []
         started = itertools.count()
+        stalled: list[RequestRecord] = []   # a stalled request: the server is taken as hung, the rest not sent
         t0 = time.perf_counter()
 
         async def conversation(conv: Conversation) -> None:
             async with sem:
                 answers: list[str] = []
                 for turn in range(conv.num_turns):
-                    rec = self._record(conv, level, rep, turn, answers)
+                    rec = self._record(conv, level, rep, turn, answers, sent=not stalled)
                     rec.order = next(started)
-                    await self._request(client, rec, t0)
+                    if stalled:
+                        _skip(rec, stalled[0], self.settings.stall_timeout_s)
+                    else:
+                        await self._request(client, rec, t0)
+                        if rec.error_kind == "stall":
+                            stalled.append(rec)
                     records.append(rec)
                     with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
                         f.write(dump_json(vars(rec)) + "\n")
@@ -292,6 +348,14 @@ class WorkloadRunner:
         if not finished:
             raise StreamError("no_finish", f"the stream ended after {len(rec.output_token_ids)} tokens without a "
                                            "finish event")
+
+
+def _skip(rec: RequestRecord, stalled: RequestRecord, stall_timeout_s: float) -> None:
+    """A request not sent because an earlier one of its level stalled: a hung server would cost every request
+    of the level a stall timeout; counted as an error of its own kind."""
+    rec.error_kind = SKIPPED_AFTER_STALL
+    rec.error = (f"not sent: request {stalled.prompt_id} (turn {stalled.turn}) got no stream event for "
+                 f"stall_timeout_s={stall_timeout_s} s, so the server is taken as hung")
 
 
 def fixed_prompts(token_ids: dict[str, list[int]], category: str = "all") -> tuple[list[Conversation], Render]:

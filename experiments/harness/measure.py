@@ -47,12 +47,13 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
     adapter = adapter_for(spec.engine)
     records_path = out_dir / f"records-{run_id}.jsonl"
     log_path = out_dir / f"server-{spec.key}.log"
-    server = None
+    server = runner = None
     try:
         console.print(f"[bold]{cfg.option.name}[/]: starting {spec.engine} ({' '.join(spec.args)})")
         server, reused = _server_for(cfg, spec, log_path, prepared)
         client.set_tag(run_id, "specws.server_reused", str(reused))
         client.set_tag(run_id, "specws.port", str(spec.port))
+        client.set_tag(run_id, "specws.server_pid", str(server.proc.pid))   # the process this runner started
         limits = adapter.effective_limits(server.base_url, validation)
         _log_limits(client, run_id, limits, baseline)
         w = prepared.workload
@@ -90,6 +91,8 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
         check_error_share(summary, w.max_error_share)   # after logging: a failed run keeps its numbers
         return metrics
     finally:
+        if runner is not None:
+            _log_warmup(client, run_id, runner.warmup)
         _log_patches(client, run_id, spec, log_path if log_path.exists() else server.log_path if server else None)
         if records_path.exists():
             client.log_artifact(run_id, str(records_path), "records")
@@ -97,6 +100,13 @@ def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec
             client.log_artifact(run_id, str(log_path), "server")
         elif server is not None and server.log_path.exists():
             client.log_artifact(run_id, str(server.log_path), "server")
+
+
+def _log_warmup(client: MlflowClient, run_id: str, warmup) -> None:
+    """Warm-up requests are not measured, but how many failed, and how, is kept (a failing one is a warning)."""
+    client.log_batch(run_id, metrics=[Metric(k, v, _now_ms(), 0) for k, v in warmup.metrics().items()])
+    if warmup.failures:
+        client.log_dict(run_id, warmup.failures, "warmup_errors.json")
 
 
 def _log_summary(client: MlflowClient, run_id: str, metrics: dict[str, float], summary) -> None:

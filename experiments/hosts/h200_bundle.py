@@ -219,14 +219,7 @@ def install(bundle: Path, dest: Path) -> bool:
     for rel in arrived:
         if _sha(incoming / rel) != manifest["files"][rel]["sha256"]:
             raise SystemExit(f"h200 bundle: {rel} is corrupt (sha256 mismatch)")
-    for rel, j in manifest["joined"].items():
-        whole = incoming / rel
-        if not whole.exists() and set(j["chunks"]) <= arrived:
-            with open(whole, "wb") as out:
-                for name in j["chunks"]:
-                    out.write((incoming / name).read_bytes())
-            if _sha(whole) != j["sha256"]:
-                raise SystemExit(f"h200 bundle: joined {rel} is corrupt (sha256 mismatch)")
+    join_chunks(incoming, manifest["joined"], arrived)
     for rel in manifest.get("gzipped", []):
         packed, plain = incoming / (rel + ".gz"), incoming / rel
         if packed.exists() and not plain.exists():
@@ -246,6 +239,28 @@ def install(bundle: Path, dest: Path) -> bool:
         return False
     print(f"h200 bundle: installed; export PYTHONPATH={site} SPECWS_CACHE={dest / 'cache'}")
     return True
+
+
+def join_chunks(incoming: Path, joined: dict[str, dict], arrived: set[str]) -> None:
+    """Join each cut file whose chunks have all arrived (into a `.partial` first: a call that dies mid-join
+    leaves no short file), then re-verify every joined file against the manifest's sha256 on every call,
+    before anything is converted or installed: one cut short or corrupted since an earlier call is refused by
+    name and removed, so that the next call joins it again from its verified chunks."""
+    for rel, j in joined.items():
+        whole = incoming / rel
+        if not whole.exists() and set(j["chunks"]) <= arrived:
+            partial = whole.with_name(whole.name + ".partial")
+            with open(partial, "wb") as out:
+                for name in j["chunks"]:
+                    with open(incoming / name, "rb") as chunk:
+                        shutil.copyfileobj(chunk, out)
+            partial.rename(whole)
+        if whole.exists() and _sha(whole) != j["sha256"]:
+            size = whole.stat().st_size
+            whole.unlink()
+            raise SystemExit(f"h200 bundle: joined {rel} is corrupt ({size} bytes, sha256 differs from the "
+                             "manifest's); removed it, nothing installed: run install again to join it anew from "
+                             "its chunks")
 
 
 CONVERT = """

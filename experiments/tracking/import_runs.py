@@ -85,25 +85,72 @@ def _experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> 
     return client.create_experiment(name, artifact_location=location)
 
 
+RUN_KEYS = ("run_id", "experiment", "run_name", "status", "start_time", "end_time", "params", "tags")
+
+
+class SourceRefused(SystemExit):
+    """An offline store (folder or archive) that is not imported; the message names the file and why."""
+
+
+def offline_folder(source: Path, tmp: Path) -> Path:
+    """The one offline store inside `source`, a folder or a .tar.gz of one (unpacked into `tmp`), checked the
+    same way for both: what tarfile's `data` filter refuses in an archive (links leading out of it, device
+    files) is refused in a folder too, and every run.json must be a run."""
+    if not source.exists():
+        raise SourceRefused(f"no such folder or archive: {source}")
+    top = source
+    if source.is_file():
+        try:
+            with tarfile.open(source) as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise SourceRefused(f"{source}: refused ({type(exc).__name__}: {exc})") from None
+        top = Path(tmp)
+    _refuse_unsafe_entries(top, source)
+    found = {p.parent.parent for p in top.rglob("run.json")}
+    roots = sorted(r for r in found if not any(r.is_relative_to(other) and r != other for other in found))
+    if not roots:
+        raise SourceRefused(f"{source} holds no offline runs (no */run.json)")
+    if len(roots) > 1:
+        names = ", ".join(str(r.relative_to(top)) or "." for r in roots)
+        raise SourceRefused(f"{source} holds {len(roots)} offline stores ({names}): give one of them")
+    for meta_path in roots[0].glob("*/run.json"):
+        _check_run_json(meta_path, meta_path.relative_to(top) if source.is_file() else meta_path)
+    return roots[0]
+
+
+def _refuse_unsafe_entries(top: Path, source: Path) -> None:
+    resolved_top = top.resolve()
+    for path in top.rglob("*"):
+        where = path.relative_to(top)
+        if path.is_symlink():
+            target = path.resolve()
+            if not target.is_relative_to(resolved_top):
+                raise SourceRefused(f"{source}: {where} is a link to {target}, outside the store: refused")
+        elif not (path.is_file() or path.is_dir()):
+            raise SourceRefused(f"{source}: {where} is not a regular file or folder: refused")
+
+
+def _check_run_json(path: Path, shown: Path) -> None:
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, OSError) as exc:
+        raise SourceRefused(f"{shown}: not a run record ({type(exc).__name__}: {exc})") from None
+    missing = [k for k in RUN_KEYS if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise SourceRefused(f"{shown}: not a run record (missing {', '.join(missing)})")
+    if meta["run_id"] != path.parent.name:
+        raise SourceRefused(f"{shown}: run_id {meta['run_id']!r} is not its folder's name {path.parent.name!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("source", type=Path, help="offline store folder, or a .tar.gz of one")
     parser.add_argument("--tracking-uri", default=DEFAULT_URI)
     parser.add_argument("--artifact-root", type=Path, default=ROOT / "mlruns" / "artifacts")
     args = parser.parse_args()
-    if not args.source.exists():
-        raise SystemExit(f"no such folder or archive: {args.source}")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = args.source
-        if args.source.is_file():
-            with tarfile.open(args.source) as tar:
-                tar.extractall(tmp, filter="data")
-            found = [p.parent.parent for p in Path(tmp).rglob("run.json")]
-            if not found:
-                raise SystemExit(f"{args.source} holds no offline runs (no */run.json)")
-            folder = found[0]
-        if not any(folder.glob("*/run.json")):
-            raise SystemExit(f"{folder} holds no offline runs (no */run.json)")
+        folder = offline_folder(args.source, Path(tmp))
         mlflow.set_tracking_uri(args.tracking_uri)
         mapping = import_store(OfflineClient(folder), MlflowClient(), args.artifact_root)
     print(f"{len(mapping)} runs in {args.tracking_uri}")

@@ -1,15 +1,19 @@
 """The one MLflow run lifecycle: create (tags, parent link, params), then a terminal state on every way out."""
 from __future__ import annotations
 
+import json
 import os
 import platform
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 from rich.console import Console
 
+from experiments.config.paths import cache_dir
 from experiments.tracking.processes import same_process
 from experiments.tracking.redact import redact_params, redact_text
 from experiments.tracking.store import PARENT_ENV, log_params
@@ -18,6 +22,13 @@ console = Console(stderr=True)
 FAILURE_TAG = "specws.failure"
 RUNNER_TAG = "specws.runner"            # pid:start time of the process that owns the run
 RUNNER_HOST_TAG = "specws.runner_host"
+# How long a run's terminal state is retried against a store that fails (SQLite locked by another process:
+# MLflow itself waits 20 s per write first); then it is kept on disk for the next start (`apply_pending_ends`).
+STORE_RETRY_S = 60.0
+
+
+class StoreUnavailable(RuntimeError):
+    """The tracking store refused to create a run, or to record how one ended (kept on disk for later)."""
 
 
 @dataclass
@@ -28,6 +39,7 @@ class TrackedRun:
     status: str = "FINISHED"
     end_time: int | None = None
     reason: str = ""
+    store_retry_s: float = STORE_RETRY_S
 
     def finish_as(self, status: str, reason: str = "", end_time: int | None = None) -> None:
         self.status, self.reason, self.end_time = status, reason, end_time
@@ -36,16 +48,24 @@ class TrackedRun:
 @contextmanager
 def tracked_run(client, experiment_id: str, name: str | None, tags: dict[str, str],
                 params: dict[str, str] | None = None, parent_id: str | None = None,
-                start_time: int | None = None) -> Iterator[TrackedRun]:
+                start_time: int | None = None, store_retry_s: float = STORE_RETRY_S) -> Iterator[TrackedRun]:
     """Create a run and end it on every exit path: FINISHED (or what `finish_as` set), KILLED on Ctrl-C /
     SIGTERM (KeyboardInterrupt), FAILED on any other exception with its reason in `specws.failure`. The parent
-    is `parent_id`, else the sweep parent named by SPECWS_PARENT_RUN_ID. A store that fails while ending the run
-    is reported and never hides the exception that ended it."""
+    is `parent_id`, else the sweep parent named by SPECWS_PARENT_RUN_ID.
+
+    A store that fails while ending the run is retried for `store_retry_s`; if it is still failing, the terminal
+    state (status, reason, end time) is written to disk and recorded by the next start on that store, never
+    left RUNNING, and the store's failure never hides the exception that ended the run (a normal exit raises
+    StoreUnavailable instead)."""
     parent_id = parent_id or os.environ.get(PARENT_ENV)
     tags = {**tags, **runner_tags(), **({"mlflow.runName": name} if name else {}),
             **({"mlflow.parentRunId": parent_id} if parent_id else {})}
-    created = client.create_run(experiment_id, run_name=name, tags=redact_params(tags), start_time=start_time)
-    run = TrackedRun(client, created.info.run_id)
+    try:
+        created = client.create_run(experiment_id, run_name=name, tags=redact_params(tags), start_time=start_time)
+    except Exception as exc:  # noqa: BLE001 - whatever the store raises, nothing has started yet
+        raise StoreUnavailable(f"the tracking store {_uri_of(client)} could not create run {name!r} "
+                               f"({_brief(exc)}); nothing was started") from exc
+    run = TrackedRun(client, created.info.run_id, store_retry_s=store_retry_s)
     try:
         if params:
             log_params(client, run.id, params)
@@ -85,11 +105,93 @@ def fail_stale_runs(client, experiment_id: str) -> list[str]:
 
 
 def _end(run: TrackedRun, status: str, reason: str, strict: bool = False) -> None:
+    end_time = run.end_time or int(time.time() * 1000)
     try:
-        if reason:
-            run.client.set_tag(run.id, FAILURE_TAG, redact_text(reason)[:5000])
-        run.client.set_terminated(run.id, status, end_time=run.end_time)
+        _retrying(lambda: _write_end(run.client, run.id, status, reason, end_time), run.store_retry_s)
     except Exception as exc:  # noqa: BLE001 - the store is the thing that failed
-        console.print(f"[bold red]could not mark run {run.id} {status} in the store[/]: {exc}")
+        message = (f"the tracking store {_uri_of(run.client)} could not record run {run.id} {status} "
+                   f"after {run.store_retry_s:.0f} s of retries ({_brief(exc)})")
+        try:
+            pending = _save_pending_end(run.client, run.id, status, reason, end_time)
+        except OSError as disk:   # the disk is failing too: the next start fails the run as stale
+            pending, message = None, f"{message}; could not keep it on disk either ({disk})"
+        if pending is not None:
+            message += f"; kept in {pending}: the next run on this store records it"
+        console.print(f"[bold red]{message}[/]")
         if strict:
-            raise
+            raise StoreUnavailable(message) from exc
+
+
+def _write_end(client, run_id: str, status: str, reason: str, end_time: int | None) -> None:
+    if reason:
+        client.set_tag(run_id, FAILURE_TAG, redact_text(reason)[:5000])
+    client.set_terminated(run_id, status, end_time=end_time)
+
+
+def _retrying(write: Callable[[], None], retry_s: float) -> None:
+    """`write` until it succeeds, backing off up to 5 s between attempts, for `retry_s` seconds at most."""
+    deadline, pause = time.monotonic() + retry_s, 0.5
+    while True:
+        try:
+            write()
+            return
+        except Exception:  # noqa: BLE001
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
+def _brief(exc: Exception) -> str:
+    """The exception's first line: SQLAlchemy's errors go on with the whole SQL statement."""
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def _uri_of(client) -> str:
+    return redact_text(str(getattr(client, "tracking_uri", None) or getattr(client, "root", "?")))
+
+
+def pending_dir(uri: str) -> Path:
+    """Where terminal states a store could not take wait: next to a SQLite file, else in the cache."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        return db.parent / f"{db.name}.pending-ends"
+    return cache_dir() / "pending-ends"
+
+
+def _save_pending_end(client, run_id: str, status: str, reason: str, end_time: int) -> Path | None:
+    uri = getattr(client, "tracking_uri", None)
+    if not uri:   # the offline store is plain files: nothing to keep them in if those fail
+        return None
+    folder = pending_dir(uri)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{run_id}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"uri": uri, "run_id": run_id, "status": status, "reason": redact_text(reason),
+                               "end_time": end_time}))
+    tmp.replace(path)
+    return path
+
+
+def apply_pending_ends(client) -> list[str]:
+    """Record the terminal states kept on disk for this client's store (see `_end`) in runs still RUNNING
+    there; each file is removed once recorded. Returns the run ids."""
+    uri = str(client.tracking_uri)
+    folder = pending_dir(uri)
+    done = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        end = json.loads(path.read_text())
+        if end["uri"] != uri:
+            continue
+        try:
+            status = client.get_run(end["run_id"]).info.status
+        except Exception as exc:  # noqa: BLE001 - a run deleted since, or the store failing again
+            console.print(f"[yellow]kept the end of run {end['run_id']} in {path}[/]: {exc}")
+            continue
+        if status == "RUNNING":
+            _write_end(client, end["run_id"], end["status"], end["reason"], end["end_time"])
+            done.append(end["run_id"])
+        path.unlink()
+    if done:
+        console.print(f"recorded the end of {len(done)} run(s) the store could not take earlier: {', '.join(done)}")
+    return done

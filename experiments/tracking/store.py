@@ -70,11 +70,14 @@ _checked_for_stale: set[tuple[str, str]] = set()
 
 
 def _fail_stale_once(client, uri: str, experiment_id: str) -> None:
-    """At a runner's first contact with an experiment: runs left RUNNING by a runner that is gone become FAILED."""
+    """At a runner's first contact with an experiment: the ends a failing store could not take are recorded,
+    then runs left RUNNING by a runner that is gone become FAILED."""
     if (uri, experiment_id) in _checked_for_stale:
         return
     _checked_for_stale.add((uri, experiment_id))
-    from experiments.tracking.lifecycle import fail_stale_runs
+    from experiments.tracking.lifecycle import apply_pending_ends, fail_stale_runs
+    if not uri.startswith(URI_PREFIX):
+        apply_pending_ends(client)   # first: a run with a kept end is not a stale one
     fail_stale_runs(client, experiment_id)
 
 

@@ -13,7 +13,14 @@ from omegaconf import OmegaConf
 from experiments.engines.base import StreamError
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
-from experiments.harness.client import LevelDeadline, RequestSettings, WorkloadRunner, fixed_prompts
+from experiments.harness.client import (
+    SKIPPED_AFTER_STALL,
+    LevelDeadline,
+    RequestSettings,
+    WarmupFailed,
+    WorkloadRunner,
+    fixed_prompts,
+)
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.server import Server
 from experiments.harness.summary import TooManyErrors, check_error_share, summarize
@@ -43,15 +50,22 @@ def proxy(tmp_path_factory, embedded_ready):
         engine.stop()
 
 
+def client_for(proxy, path: Path, prompts: int = 1, timeout_s: float = 60, stall_s: float = 60,
+               level_s: float | None = None, warmup: int = 0):
+    """The workspace client at concurrency 1 over the first `prompts` prompts, `warmup` of them warm-ups."""
+    server, model = proxy
+    convs, render = fixed_prompts({k: PROMPTS[k] for k in list(PROMPTS)[:prompts]})
+    plan = plan_visits(convs, [1], 1, warmup, 0, True)
+    settings = RequestSettings(MAX_TOKENS, 0.0, 0, timeout_s, stall_s, level_s)
+    return WorkloadRunner(server, VLLMAdapter(), model, settings, render, path), plan
+
+
 def run_through(proxy, path: Path, prompts: int = 1, timeout_s: float = 60, stall_s: float = 60,
                 level_s: float | None = None):
     """The workspace client at concurrency 1 over the first `prompts` prompts; (level results, seconds taken)."""
-    server, model = proxy
-    convs, render = fixed_prompts({k: PROMPTS[k] for k in list(PROMPTS)[:prompts]})
-    plan = plan_visits(convs, [1], 1, 0, 0, True)
-    settings = RequestSettings(MAX_TOKENS, 0.0, 0, timeout_s, stall_s, level_s)
+    runner, plan = client_for(proxy, path, prompts, timeout_s, stall_s, level_s)
     start = time.monotonic()
-    levels = WorkloadRunner(server, VLLMAdapter(), model, settings, render, path).run(plan)
+    levels = runner.run(plan)
     return levels, time.monotonic() - start
 
 
@@ -123,6 +137,40 @@ def test_a_level_past_its_deadline_ends_the_run_with_the_records_so_far(proxy, t
     assert time.monotonic() - start < 15
     (record,) = load_records(tmp_path / "r.jsonl")
     assert record["error"] is None and record["output_token_ids"]
+
+
+@pytest.mark.slow
+def test_a_hung_server_costs_one_stall_per_level_not_one_per_request(proxy, tmp_path: Path) -> None:
+    """No level_timeout_s: after the first request of a level stalls, the rest are counted, not sent."""
+    set_fault(proxy[0], "hang")
+    levels, took = run_through(proxy, tmp_path / "r.jsonl", prompts=3, stall_s=3)
+    assert took < 3 + 6                               # one stall, its liveness check, the level's end (not 3 x 5 s)
+    kinds = [r["error_kind"] for r in sorted(load_records(tmp_path / "r.jsonl"), key=lambda r: r["order"])]
+    assert kinds == ["stall", SKIPPED_AFTER_STALL, SKIPPED_AFTER_STALL]
+    summary = summarize(levels, VLLMAdapter())
+    assert summary.errors == 3 and summary.metrics[f"errors_by_kind/{SKIPPED_AFTER_STALL}"] == 2.0
+    with pytest.raises(TooManyErrors, match="3 of 3 requests failed"):
+        check_error_share(summary, 0.0)
+
+
+@pytest.mark.slow
+def test_failing_warm_ups_are_counted_and_all_failing_stops_the_run(proxy, tmp_path: Path) -> None:
+    set_fault(proxy[0], "http_500", times=1)          # the first warm-up fails, the rest of the run is clean
+    runner, plan = client_for(proxy, tmp_path / "one.jsonl", prompts=3, warmup=2)
+    (level,) = runner.run(plan)
+    assert runner.warmup.metrics() == {"warmup_requests": 2.0, "warmup_errors": 1.0,
+                                       "warmup_errors_by_kind/http_500": 1.0}
+    assert runner.warmup.failures[0]["error_kind"] == "http_500" and [r.error for r in level.records] == [None]
+
+    set_fault(proxy[0], "hang")                        # every warm-up fails: nothing is measured
+    runner, plan = client_for(proxy, tmp_path / "all.jsonl", prompts=3, warmup=2, stall_s=3)
+    start = time.monotonic()
+    with pytest.raises(WarmupFailed, match=r"all 2 warm-up requests at concurrency 1 failed "
+                                           rf"\({SKIPPED_AFTER_STALL}: 1, stall: 1;"):
+        runner.run(plan)
+    assert time.monotonic() - start < 3 + 6            # the second warm-up was not sent after the first stalled
+    assert not (tmp_path / "all.jsonl").exists()
+    assert runner.warmup.metrics()["warmup_errors"] == 2.0
 
 
 @pytest.mark.parametrize("adapter", [VLLMAdapter(), SGLangAdapter()], ids=["vllm", "sglang"])

@@ -11,7 +11,8 @@ Faults, set with POST /fault {"kind": ..., options} (`set_fault`); kind `none` p
 - null_event: `after` events, then `data: null`, then the rest
 - bad_json: `after` events, then a line that is not JSON, then the rest
 - trickle: the whole reply, one byte every `every_s` seconds
-`skip`: the first `skip` streaming requests after a configuration pass through untouched.
+`skip`: the first `skip` streaming requests after a configuration pass through untouched; `times`: the fault hits
+that many streaming requests after those, and the later ones pass (default: all of them).
 
 `python -m tests.helpers.fault_proxy --upstream http://127.0.0.1:8000 --port 8123`, or from Python
 `start_fault_proxy(upstream_url)`: a started `experiments.harness.server.Server` (stop it when done).
@@ -88,7 +89,9 @@ class FaultProxy:
         if not streaming:
             return {"kind": "none"}
         self.streams += 1
-        return self.fault if self.streams > int(self.fault.get("skip", 0)) else {"kind": "none"}
+        skip, times = int(self.fault.get("skip", 0)), self.fault.get("times")
+        hit = self.streams > skip and (times is None or self.streams <= skip + int(times))
+        return self.fault if hit else {"kind": "none"}
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse, resp: web.StreamResponse,
                      fault: dict) -> None:

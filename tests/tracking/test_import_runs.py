@@ -1,0 +1,86 @@
+"""`import_runs` checks an offline store given as a folder exactly as one given as a .tar.gz: the same store found
+(nested or not), the same refusals (links out of it, special files, a run.json that is no run, two stores)."""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import import_into
+
+from experiments.tracking.import_runs import SourceRefused, offline_folder
+from experiments.tracking.offline_store import OfflineClient
+
+
+def offline_store(root: Path) -> str:
+    """One finished run with a metric and an artifact, recorded by the offline client."""
+    client = OfflineClient(root)
+    run_id = client.create_run("exp", "one", {"specws.option": "baseline"}).info.run_id
+    client.log_metric(run_id, "output_tok_s", 12.5)
+    client.log_dict(run_id, {"ok": True}, "summary.json")
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def as_given(folder: Path, form: str) -> Path:
+    """The folder itself, or a .tar.gz of it (links kept as links, as `tar czf` would)."""
+    if form == "folder":
+        return folder
+    archive = folder.parent / f"{folder.name}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    return archive
+
+
+FORMS = ["folder", "tarball"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_store_nested_in_the_source_is_found_either_way(tmp_path: Path, form: str) -> None:
+    run_id = offline_store(tmp_path / "src" / "records" / "offline")
+    found = offline_folder(as_given(tmp_path / "src", form), tmp_path / "unpacked")
+    assert found.name == "offline" and (found / run_id / "run.json").exists()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_link_out_of_the_store_is_refused(tmp_path: Path, form: str) -> None:
+    run_id = offline_store(tmp_path / "src")
+    secret = tmp_path / "outside.txt"
+    secret.write_text("not yours")
+    os.symlink(secret, tmp_path / "src" / run_id / "artifacts" / "leak.txt")
+    with pytest.raises(SourceRefused, match="refused"):
+        offline_folder(as_given(tmp_path / "src", form), tmp_path / "unpacked")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_run_json_that_is_no_run_is_refused_by_name(tmp_path: Path, form: str) -> None:
+    run_id = offline_store(tmp_path / "src")
+    meta = tmp_path / "src" / run_id / "run.json"
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "status"}))
+    with pytest.raises(SourceRefused, match=rf"{run_id}/run.json: not a run record \(missing status\)"):
+        offline_folder(as_given(tmp_path / "src", form), tmp_path / "unpacked")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_two_stores_in_one_source_are_refused(tmp_path: Path, form: str) -> None:
+    offline_store(tmp_path / "src" / "a")
+    offline_store(tmp_path / "src" / "b")
+    with pytest.raises(SourceRefused, match="holds 2 offline stores"):
+        offline_folder(as_given(tmp_path / "src", form), tmp_path / "unpacked")
+
+
+def test_a_fifo_in_a_folder_is_refused(tmp_path: Path) -> None:
+    run_id = offline_store(tmp_path / "src")
+    os.mkfifo(tmp_path / "src" / run_id / "artifacts" / "pipe")
+    with pytest.raises(SourceRefused, match="not a regular file"):
+        offline_folder(tmp_path / "src", tmp_path / "unpacked")
+
+
+def test_a_nested_folder_given_directly_is_imported(tmp_path: Path) -> None:
+    run_id = offline_store(tmp_path / "src" / "records" / "offline")
+    client, out = import_into(tmp_path / "src", tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
+    assert run.data.tags["specws.imported_from"] == run_id and run.data.metrics["output_tok_s"] == 12.5
