@@ -6,6 +6,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from experiments.config import flags
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_SETS = ROOT / "experiments" / "prompt_sets"
 
@@ -31,6 +33,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ws.max", _largest)
     if not OmegaConf.has_resolver("ws.pid"):  # Hydra's output folders: two runners in one second stay apart
         OmegaConf.register_new_resolver("ws.pid", lambda: str(os.getpid()))
+    flags.register()   # ws.flags, ws.flag_reasons, ws.flag_value: a site's flags composed from another's
 
 
 register_resolvers()

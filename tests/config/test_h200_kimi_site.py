@@ -1,0 +1,106 @@
+"""The h200-kimi site: composed from the box profile (conf/site/blackwell.yaml) and the h200 host's facts, its command
+lines accepted by SGLang 0.5.14's own parser for every SGLang option, every flag explained."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import compose_cfg
+from omegaconf import open_dict
+from omegaconf.errors import InterpolationResolutionError
+
+from experiments.config.paths import cache_dir
+from experiments.engines.sglang_engine import SGLangAdapter
+from experiments.harness.launch import build_launch_spec
+from experiments.harness.preflight import check_option
+from experiments.tracking.store import flatten
+
+SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
+OPTIONS = ["baseline", "A", "B", "E"]
+SM90_DROPPED = {"--tp-size"}
+
+
+def site(*overrides: str):
+    return compose_cfg("site=h200-kimi", *overrides)
+
+
+def flags(args: list[str]) -> list[str]:
+    return [a for a in args if a.startswith("--")]
+
+
+def test_every_option_passes_sglang_0_5_14s_parser(monkeypatch) -> None:
+    pytest.importorskip("sglang")
+    if not (SGLANG_0_5_14 / "sglang-0.5.14.dist-info").is_dir():
+        pytest.fail(f"SGLang 0.5.14 overlay missing ({SGLANG_0_5_14}); run bin/setup")
+    monkeypatch.setenv("PYTHONPATH", str(SGLANG_0_5_14))
+    specs = [build_launch_spec(site(f"+option={o}")) for o in OPTIONS]
+    results = SGLangAdapter().validate_many(sys.executable, [s.args for s in specs])
+    for option, spec, result in zip(OPTIONS, specs, results, strict=True):
+        assert result.ok, f"+option={option} refused by SGLang {result.version}: {result.error}"
+        assert result.version == "0.5.14"
+        args = spec.args
+        assert args[args.index("--load-format") + 1] == "dummy" and "--tp-size" not in args
+    refused = SGLangAdapter().validate_many(sys.executable, [specs[0].args + ["--load-formatz", "dummy"]])[0]
+    assert not refused.ok and "--load-formatz" in refused.error
+
+
+def test_site_picks_the_miniature_and_sglang() -> None:
+    cfg = site("+option=B")
+    assert (cfg.model.name, cfg.engine.name, cfg.site.gpus) == ("kimi_k25_mini", "sglang", 1)
+    assert list(cfg.site.patches) == []   # the SM 12.x kernel swap does not apply on sm_90
+    assert cfg.spec.draft_model == f"{cfg.model.path}/eagle3"
+    check_option(cfg)
+    e = site("+option=E")
+    assert e.spec.method == "eagle3" and e.spec.moe_expert_budget == 64
+
+
+def test_flags_are_the_box_profiles_minus_the_dropped_plus_the_changes() -> None:
+    cfg = site("+option=baseline")
+    box = list(cfg.profiles.box.site.engine_args.sglang)
+    mine = list(cfg.site.engine_args.sglang)
+    changes = cfg.site.flag_changes.sglang
+    assert set(changes.drop) == SM90_DROPPED
+    assert set(flags(box)) - set(flags(mine)) == SM90_DROPPED
+    for flag in set(flags(box)) - SM90_DROPPED - set(changes.set):   # kept: the box's own value
+        assert mine[mine.index(flag):mine.index(flag) + 2] == box[box.index(flag):box.index(flag) + 2], flag
+    assert mine[mine.index("--mem-fraction-static") + 1] == "0.80"
+    h200 = list(cfg.profiles.h200.site.engine_args.sglang)
+    for flag in ("--sampling-backend", "--grammar-backend"):   # the host's facts, taken from the h200 site
+        assert mine[mine.index(flag) + 1] == h200[h200.index(flag) + 1]
+
+
+def test_a_box_flag_reaches_the_site_unless_dropped() -> None:
+    box = compose_cfg("site=blackwell", "+option=baseline").site.engine_args.sglang
+    cfg = site("+option=baseline", f"profiles.box.site.engine_args.sglang=[{','.join([*box, '--enable-foo'])}]")
+    assert "--enable-foo" in cfg.site.engine_args.sglang
+    stale = site("+option=baseline")
+    with open_dict(stale):
+        stale.site.flag_changes.sglang.drop["--no-such-flag"] = {"reason": "a reason that is long enough"}
+    with pytest.raises(InterpolationResolutionError, match="no such flag"):
+        list(stale.site.engine_args.sglang)
+
+
+def test_every_flag_and_variable_has_a_reason() -> None:
+    cfg = site("+option=baseline")
+    given = set(flags(list(cfg.site.engine_args.sglang)))
+    explained = set(cfg.site.reasons.sglang)
+    assert given == explained, f"unexplained {given - explained}, stale {explained - given}"
+    for flag, why in cfg.site.reasons.sglang.items():
+        assert len(why.reason) > 30, flag
+    assert set(cfg.site.env) == set(cfg.site.reasons.env)
+    assert {cfg.site.reasons.sglang[f].from_base for f in cfg.site.flag_changes.sglang.set} <= {"changed", "added"}
+
+
+def test_env_is_the_box_profiles_and_the_h200_hosts() -> None:
+    """site.env is written out (the launch spec does not resolve interpolations there): it must stay equal."""
+    cfg = site("+option=baseline")
+    box, h200 = cfg.profiles.box.site.env, cfg.profiles.h200.site.env
+    assert dict(cfg.site.env) == {**{k: box[k] for k in ("SGLANG_ENABLE_JIT_DEEPGEMM", "SGL_ENABLE_JIT_DEEPGEMM")},
+                                  "HF_HUB_OFFLINE": h200.HF_HUB_OFFLINE}
+    assert build_launch_spec(cfg).env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+
+
+def test_params_resolve_and_name_the_profiles() -> None:
+    params = flatten(site("+option=B"))
+    assert params["site.name"] == "h200-kimi" and params["profiles.box.site.name"] == "blackwell"
+    assert params["site.reasons.sglang.--load-format.from_base"] == "added"
