@@ -36,6 +36,7 @@ from typing import Any
 PATCH_MODULES: tuple[str, ...] = (
     "sglang_patches.marker",
     "sglang_patches.sm12x_wna16_moe",
+    "sglang_patches.synthetic_router",    # random-weight MoE models: routing before the budget and telemetry
     "sglang_patches.moe_budget",          # option E: MoE-Spec expert budget (before expert_telemetry)
     "sglang_patches.expert_telemetry",    # option E: distinct experts per layer per forward
 )

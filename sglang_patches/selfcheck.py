@@ -91,7 +91,7 @@ def _first(*candidates: str):
     raise ImportError("; ".join(errors))
 
 
-def _ensure_global_server_args() -> None:
+def ensure_global_server_args() -> None:
     """SGLang >= 0.5.14's MoE kernels read the scheduler's global ServerArgs, which a bare process lacks: set
     SGLang's own defaults (parsed, not post-initialised, so nothing is resolved or fetched)."""
     import argparse
@@ -111,41 +111,93 @@ def _ensure_global_server_args() -> None:
     sa.set_global_server_args_for_scheduler(args)
 
 
-def triton_w4a16(p: Problem) -> torch.Tensor:
-    """SGLang's Triton fused MoE with use_int4_w4a16, weights converted as CompressedTensorsWNA16TritonMoE does."""
-    _ensure_global_server_args()
-    fused_experts = _first("sglang.srt.layers.moe.fused_moe_triton:fused_experts",
-                           "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:fused_experts")
-    from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
+@dataclass
+class PackedLayer:
+    """One MoE layer's INT4 experts as SGLang holds them after loading a compressed-tensors checkpoint."""
+    w13: torch.Tensor           # [E, K // 8, 2N] int32 (pack_int32_along_k of q13)
+    w2: torch.Tensor            # [E, N // 8, K] int32
+    s13: torch.Tensor           # [E, 2N, K // group] scales (Problem's layout)
+    s2: torch.Tensor            # [E, K, N // group]
+    group_size: int
 
-    def to_triton(q: torch.Tensor) -> torch.Tensor:   # [E, K//8, N] int32 -> [E, N, K//2] uint8
-        return pack_int32_along_k(q).transpose(1, 2).contiguous().view(torch.uint8)
-
-    config = MoeRunnerConfig(inplace=False)
-    return fused_experts(p.x, to_triton(p.q13), to_triton(p.q2),
-                         StandardTopKOutput(p.topk_weights, p.topk_ids, p.logits), config,
-                         use_int4_w4a16=True, w1_scale=p.s13, w2_scale=p.s2, block_shape=[0, p.group_size])
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(experts E, hidden K, intermediate N)."""
+        return self.w13.shape[0], self.w2.shape[2], self.w13.shape[2] // 2
 
 
-def marlin_w4a16(p: Problem) -> torch.Tensor:
-    """SGLang's fused Marlin MoE, weights repacked as CompressedTensorsWNA16MoE.process_weights_after_loading does."""
-    _ensure_global_server_args()
-    fused_marlin_moe = _first("sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe:fused_marlin_moe")
+def packed_layer(p: Problem) -> PackedLayer:
+    return PackedLayer(pack_int32_along_k(p.q13), pack_int32_along_k(p.q2), p.s13, p.s2, p.group_size)
+
+
+@dataclass
+class PreparedWeights:
+    """A kernel's weights, converted once as its SGLang scheme does in process_weights_after_loading."""
+    kernel: str
+    w13: torch.Tensor
+    w2: torch.Tensor
+    s13: torch.Tensor
+    s2: torch.Tensor
+    group_size: int
+    workspace: torch.Tensor | None = None
+    empty: torch.Tensor | None = None       # [E, 0] int32: no act-order indices
+
+
+def prepare_triton(layer: PackedLayer) -> PreparedWeights:
+    """CompressedTensorsWNA16TritonMoE: [E, K//8, N] int32 -> [E, N, K//2] uint8."""
+    def to_triton(w: torch.Tensor) -> torch.Tensor:
+        return w.transpose(1, 2).contiguous().view(torch.uint8)
+    return PreparedWeights("triton_w4a16", to_triton(layer.w13), to_triton(layer.w2), layer.s13, layer.s2,
+                           layer.group_size)
+
+
+def prepare_marlin(layer: PackedLayer) -> PreparedWeights:
+    """CompressedTensorsWNA16MoE: Marlin repack of the weights, permuted scales, a workspace."""
+    ensure_global_server_args()
     repack = _first("sglang.srt.hardware_backend.gpu.quantization.gptq_kernels:gptq_marlin_moe_repack",
                     "sglang.srt.layers.quantization.gptq:gptq_marlin_moe_repack",
                     "sgl_kernel:gptq_marlin_moe_repack")
     permute_scales = _first("sglang.srt.layers.quantization.marlin_utils:marlin_moe_permute_scales")
-    experts, hidden = p.q13.shape[0], p.q13.shape[2]
-    n = p.q2.shape[2]
-    empty = torch.empty((experts, 0), dtype=torch.int32, device=p.x.device)
-    w13 = repack(pack_int32_along_k(p.q13), empty, hidden, 2 * n, 4)
-    w2 = repack(pack_int32_along_k(p.q2), empty, n, hidden, 4)
-    s13 = permute_scales(p.s13.transpose(1, 2).contiguous(), hidden, 2 * n, p.group_size)
-    s2 = permute_scales(p.s2.transpose(1, 2).contiguous(), n, hidden, p.group_size)
-    return fused_marlin_moe(p.x, w13, w2, s13, s2, p.logits, p.topk_weights, p.topk_ids,
-                            g_idx1=empty, g_idx2=empty, sort_indices1=empty, sort_indices2=empty,
-                            num_bits=4, is_k_full=True)
+    make_workspace = _first("sglang.srt.layers.quantization.marlin_utils:marlin_make_workspace")
+    experts, hidden, n = layer.shape
+    empty = torch.empty((experts, 0), dtype=torch.int32, device=layer.w13.device)
+    w13 = repack(layer.w13, empty, hidden, 2 * n, 4)
+    w2 = repack(layer.w2, empty, n, hidden, 4)
+    s13 = permute_scales(layer.s13.transpose(1, 2).contiguous(), hidden, 2 * n, layer.group_size)
+    s2 = permute_scales(layer.s2.transpose(1, 2).contiguous(), n, hidden, layer.group_size)
+    return PreparedWeights("marlin_w4a16", w13, w2, s13, s2, layer.group_size,
+                           workspace=make_workspace(layer.w13.device, 4), empty=empty)
+
+
+def run_prepared(w: PreparedWeights, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                 logits: torch.Tensor, routed_scaling_factor: float | None = None) -> torch.Tensor:
+    """One MoE layer forward on prepared weights, called as SGLang's scheme calls its kernel."""
+    ensure_global_server_args()
+    if w.kernel == "triton_w4a16":
+        fused_experts = _first("sglang.srt.layers.moe.fused_moe_triton:fused_experts",
+                               "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:fused_experts")
+        from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+        from sglang.srt.layers.moe.topk import StandardTopKOutput
+        experts = w.w13.shape[0]
+        config = MoeRunnerConfig(num_experts=experts, num_local_experts=experts, inplace=False,
+                                 routed_scaling_factor=routed_scaling_factor)
+        return fused_experts(x, w.w13, w.w2, StandardTopKOutput(topk_weights, topk_ids, logits), config,
+                             use_int4_w4a16=True, w1_scale=w.s13, w2_scale=w.s2, block_shape=[0, w.group_size])
+    fused_marlin_moe = _first("sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe:fused_marlin_moe")
+    return fused_marlin_moe(x, w.w13, w.w2, w.s13, w.s2, logits, topk_weights, topk_ids,
+                            g_idx1=w.empty, g_idx2=w.empty, sort_indices1=w.empty, sort_indices2=w.empty,
+                            num_bits=4, is_k_full=True, routed_scaling_factor=routed_scaling_factor,
+                            workspace=w.workspace)
+
+
+def triton_w4a16(p: Problem) -> torch.Tensor:
+    """SGLang's Triton fused MoE with use_int4_w4a16, weights converted as CompressedTensorsWNA16TritonMoE does."""
+    return run_prepared(prepare_triton(packed_layer(p)), p.x, p.topk_weights, p.topk_ids, p.logits)
+
+
+def marlin_w4a16(p: Problem) -> torch.Tensor:
+    """SGLang's fused Marlin MoE, weights repacked as CompressedTensorsWNA16MoE.process_weights_after_loading does."""
+    return run_prepared(prepare_marlin(packed_layer(p)), p.x, p.topk_weights, p.topk_ids, p.logits)
 
 
 KERNELS: dict[str, Callable[[Problem], torch.Tensor]] = {"triton_w4a16": triton_w4a16, "marlin_w4a16": marlin_w4a16}

@@ -41,6 +41,7 @@ from sglang_patches.moe_budget import BUDGET_FILE_ENV
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 STARTUP_TIMEOUT_S = 400
+PROMPT_VOCAB = 49152   # SmolLM2's, whose ids prompts.json holds (valid ids of any larger vocabulary too)
 NO_GRAPHS = ["--disable-cuda-graph"]   # telemetry counts synchronise; graph replays run no Python
 # chain drafts: one continuation per step, so a verify forward carries bs * (k+1) tokens
 NGRAM_CHAIN = {"ngram.min_bfs_breadth": 1, "ngram.max_bfs_breadth": 1, "ngram.max_trie_depth": 18}
@@ -130,7 +131,7 @@ def extend_pass(server: Server, prompts: list[dict], telemetry: Path) -> list[di
     per layer, to compare with the offline routing of exactly the same tokens (the last `tokens` of the text)."""
     rows = []
     for p in prompts:
-        if not p.get("teacher_ids"):
+        if not p.get("teacher_ids") or "#" in p["id"]:   # copies (--copies) are not the teacher's text
             continue
         skip = telemetry_lines(telemetry)
         generate(server, p["token_ids"] + p["teacher_ids"], 1)
@@ -169,7 +170,8 @@ def concurrency_passes(server: Server, a: argparse.Namespace, prompts: list[dict
     later failure keeps the passes done)."""
     warm(server, prompts, a.max_new_tokens)
     for c in a.concurrency:
-        passes.append({**run_pass(server, prompts, c, a.max_new_tokens, tel), **tags})
+        chosen = prompts[:max(c, a.pass_prompts)] if a.pass_prompts else prompts
+        passes.append({**run_pass(server, chosen, c, a.max_new_tokens, tel), **tags})
         accept = passes[-1].get("accept_length_tokens_per_verify")
         print(f"{label} c={c}: {passes[-1]['tok_s']:.1f} tok/s" + (f", accept {accept}" if accept else ""),
               flush=True)
@@ -218,6 +220,17 @@ def phase_graphs(a: argparse.Namespace, prompts: list[dict], out: Path) -> dict:
     return result
 
 
+def with_copies(prompts: list[dict], copies: int, vocab: int) -> list[dict]:
+    """`copies` versions of every prompt, each copy's token ids shifted within the prompt sets' vocabulary so
+    that no two share a prefix (SGLang's radix cache would skip their prefill): enough distinct requests to fill
+    a high concurrency on a model whose weights are random, where what a prompt says does not matter."""
+    out = []
+    for i in range(copies):
+        out += [{**p, "id": f"{p['id']}#{i}" if i else p["id"],
+                 "token_ids": [(t + 7919 * i) % vocab for t in p["token_ids"]]} for p in prompts]
+    return out
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -238,9 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=ints, default=[1, 4, 8])
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--limit", type=int, default=0, help="first N prompts only")
+    p.add_argument("--copies", type=int, default=1, help="shifted copies of every prompt (random-weight models)")
+    p.add_argument("--pass-prompts", type=int, default=0,
+                   help="each pass sends the first max(concurrency, N) prompts (0: all of them)")
     a = p.parse_args(argv)
     prompts = json.loads(PROMPTS.read_text())["prompts"]
     prompts = prompts[:a.limit] if a.limit else prompts
+    prompts = with_copies(prompts, a.copies, PROMPT_VOCAB) if a.copies > 1 else prompts
     a.out.mkdir(parents=True, exist_ok=True)
     run = {"decode": phase_decode, "ngram": phase_ngram, "graphs": phase_graphs}[a.phase]
     t0 = time.time()
