@@ -211,6 +211,9 @@ def _apply(t: Targets) -> None:
         if not is_target_verify(current_forward_batch()):
             return output
         router_logits, topk_config, num_token_non_padded = arguments(args, kwargs)
+        # the logits the top-k really ran on: a wrapper applied earlier (synthetic_router) may have replaced them
+        ran_on = getattr(output, "router_logits", None)
+        router_logits = ran_on if ran_on is not None else router_logits
         return budgeted_output(output, router_logits, topk_config, num_token_non_padded, budget())
 
     select_experts.__specws_patch__ = "moe_budget"

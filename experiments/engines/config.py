@@ -25,14 +25,22 @@ def available_on_site(cfg: DictConfig) -> bool:
 
 
 def sglang_patches_for(cfg: DictConfig) -> list[str]:
-    """The patches the launcher applies: the site's, then the option's (E: moe_budget), then expert_telemetry
-    when spec.moe_telemetry is on (after moe_budget, so that it counts the budgeted experts); none for an
-    engine other than SGLang."""
+    """The patches the launcher applies: synthetic_router when the model names a router skew (random weights),
+    the site's, then the option's (E: moe_budget), then expert_telemetry when spec.moe_telemetry is on (after
+    moe_budget, so that it counts the budgeted experts); none for an engine other than SGLang."""
     if engine_name(cfg) != "sglang":
         return []
     option = cfg.option.get("patches") if cfg.get("option") else None
-    names = [*cfg.site.patches, *(option or []), *(["expert_telemetry"] if cfg.spec.get("moe_telemetry") else [])]
+    router = ["synthetic_router"] if router_skew(cfg) is not None else []
+    names = [*router, *cfg.site.patches, *(option or []),
+             *(["expert_telemetry"] if cfg.spec.get("moe_telemetry") else [])]
     return list(dict.fromkeys(str(n) for n in names))
+
+
+def router_skew(cfg: DictConfig) -> float | None:
+    """`model.moe.router_skew`: the synthetic router's popularity skew for a model served with random weights."""
+    value = OmegaConf.select(cfg, "model.moe.router_skew")
+    return None if value is None else float(value)
 
 
 def forced_patches(cfg: DictConfig) -> list[str]:

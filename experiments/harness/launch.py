@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.engines.config import adapter_of, engine_name, forced_patches, sglang_patches_for, site_args
+from experiments.engines.config import (
+    adapter_of,
+    engine_name,
+    forced_patches,
+    router_skew,
+    sglang_patches_for,
+    site_args,
+)
 from experiments.tracking.redact import redact_env, redact_text
 
 
@@ -45,10 +52,13 @@ class LaunchSpec:
 
 
 def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
-    """What the named patches read: the expert budget B (moe_budget), the telemetry folder (expert_telemetry)."""
+    """What the named patches read: the expert budget B (moe_budget), the telemetry folder (expert_telemetry),
+    the router skew (synthetic_router)."""
     from sglang_patches.expert_telemetry import DIR_ENV
     from sglang_patches.moe_budget import BUDGET_ENV
+    from sglang_patches.synthetic_router import SKEW_ENV
     env = {BUDGET_ENV: str(cfg.spec.moe_expert_budget)} if "moe_budget" in patches else {}
+    env |= {SKEW_ENV: str(router_skew(cfg))} if "synthetic_router" in patches else {}
     return env | ({DIR_ENV: str(cfg.spec.moe_telemetry_dir)} if "expert_telemetry" in patches else {})
 
 

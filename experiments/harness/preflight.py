@@ -54,6 +54,11 @@ def check_option(cfg: DictConfig) -> None:
                       f"or set spec.draft_model=/path/to/head")
 
 
+def _flag_is(args: list[str], flag: str, value: str) -> bool:
+    return any(a == flag and i + 1 < len(args) and args[i + 1] == value for i, a in enumerate(args)) or \
+        f"{flag}={value}" in args
+
+
 def check_patches(cfg: DictConfig) -> None:
     """Patches exist and reach SGLang through the launcher; a budget is a positive integer (B >= the model's
     routed experts = unbudgeted); expert telemetry runs without CUDA graphs (graph replays run no Python)."""
@@ -64,13 +69,17 @@ def check_patches(cfg: DictConfig) -> None:
         raise Refused(str(exc)) from None
     if patches and cfg.engine.module != "sglang_patches.launch":
         raise Refused(f"patches {patches} need engine.module=sglang_patches.launch (it is {cfg.engine.module})")
+    args = [*site_args(cfg), *cfg.engine.extra_args]
+    if "synthetic_router" in patches and not _flag_is(args, "--load-format", "dummy"):
+        raise Refused("model.moe.router_skew replaces the router's logits (synthetic_router): only for a model "
+                      "served with random weights (--load-format dummy); set model.moe.router_skew=null to serve "
+                      "real weights")
     if unrequested := [n for n in forced_patches(cfg) if n not in patches]:
         raise Refused(f"site.patches_forced {unrequested} are not among the patches applied {patches}: "
                       "add them to site.patches")
     budget = str(cfg.spec.get("moe_expert_budget"))
     if "moe_budget" in patches and not (budget.isdigit() and int(budget) >= 1):
         raise Refused(f"spec.moe_expert_budget must be a positive integer, got {budget!r}")
-    args = [*site_args(cfg), *cfg.engine.extra_args]
     if "expert_telemetry" in patches and "--disable-cuda-graph" not in args:
         raise Refused("spec.moe_telemetry=true counts experts in Python, which CUDA-graph replays skip: add "
                       "'engine.extra_args=[--disable-cuda-graph]' (the baseline then runs without graphs too)")

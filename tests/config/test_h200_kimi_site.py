@@ -104,3 +104,18 @@ def test_params_resolve_and_name_the_profiles() -> None:
     params = flatten(site("+option=B"))
     assert params["site.name"] == "h200-kimi" and params["profiles.box.site.name"] == "blackwell"
     assert params["site.reasons.sglang.--load-format.from_base"] == "added"
+
+
+def test_the_miniature_routes_through_the_synthetic_router_before_the_budget() -> None:
+    spec = build_launch_spec(site("+option=E"))
+    assert spec.env["SPECWS_SGLANG_PATCHES"] == "synthetic_router,moe_budget"
+    assert spec.env["SPECWS_ROUTER_SKEW"] == "0.25" and spec.env["SPECWS_MOE_EXPERT_BUDGET"] == "64"
+    assert "SPECWS_ROUTER_SKEW" not in build_launch_spec(site("+option=E", "model.moe.router_skew=null")).env
+
+
+def test_a_router_skew_on_real_weights_is_refused() -> None:
+    from experiments.config.errors import Refused
+    from experiments.harness.preflight import check_patches
+    check_patches(site("+option=B"))   # --load-format dummy: allowed
+    with pytest.raises(Refused, match="only for a model served with random weights"):
+        check_patches(compose_cfg("site=h200", "model=kimi_k25_mini", "+option=B"))

@@ -159,6 +159,23 @@ def test_budget_after_the_synthetic_router_caps_the_verify_step(kimi_topk, monke
     assert unbudgeted.unique().numel() > 150 and budgeted.unique().numel() <= 32
 
 
+def test_the_budget_re_routes_by_the_logits_the_top_k_ran_on(kimi_topk, monkeypatch):
+    """Behind the synthetic router, substitutes for dropped experts are chosen by the synthetic logits (those in
+    the top-k output), not by the degenerate dummy logits that select_experts was called with."""
+    verify = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_target_verify=lambda: True))
+    logits, bias = dummy_router(64, 7)
+    monkeypatch.setenv(moe_budget.BUDGET_ENV, "32")
+    module, _, config, resolved = with_skew(monkeypatch, kimi_topk, bias, "0")
+    unbudgeted = routed(module, config, logits)
+    moe_budget.PATCH.apply(Targets(dict(resolved)))
+    monkeypatch.setattr(moe_budget, "current_forward_batch", lambda: verify)
+    budgeted = routed(module, config, logits)
+    expected = moe_budget.budget_topk(unbudgeted.topk_weights, unbudgeted.topk_ids, unbudgeted.router_logits, 32,
+                                      correction_bias=bias)
+    assert torch.equal(budgeted.topk_ids, expected[1])
+    assert not torch.equal(unbudgeted.router_logits, logits)   # the router did replace them
+
+
 def test_the_synthetic_router_refuses_to_go_after_the_budget(kimi_topk, monkeypatch):
     monkeypatch.setenv(moe_budget.BUDGET_ENV, "32")
     monkeypatch.setenv(synthetic_router.SKEW_ENV, "0")
