@@ -18,6 +18,7 @@ from experiments.analysis.speedup.model import (
     break_even_concurrency,
     expected_distinct_experts,
     level_acceptance,
+    load_moe_time_curve,
     predict_level,
     predict_run,
 )
@@ -147,3 +148,23 @@ def test_sglang_verified_tokens_follow_sglangs_topk1_rule() -> None:
     assert sglang_verified_per_step({"engine.name": "sglang", "spec.method": "ngram",
                                      "spec.num_draft_tokens": "8"}) == 8.0
     assert sglang_verified_per_step({**eagle, "engine.name": "vllm", "spec.topk": "1", "spec.num_steps": "3"}) is None
+
+
+def test_a_measured_moe_kernel_curve_replaces_the_distinct_expert_proportion(tmp_path) -> None:
+    """The kernel microbenchmark's JSON shape: MoE time per (N, M, routing); the box's MoE term follows the
+    measured time at the TP-8 shard, interpolated in tokens and held past the last point."""
+    rows = {f"N={n} M={m} uniform": {"N": n, "M": m, "routing": "uniform", "marlin_w4a16": {"us": us}}
+            for n, m, us in [(256, 1, 40.0), (256, 8, 80.0), (256, 64, 320.0), (2048, 1, 100.0)]}
+    rows["N=256 M=8 skew0.25"] = {"N": 256, "M": 8, "routing": "skew0.25", "marlin_w4a16": {"us": 999.0}}
+    path = tmp_path / "kernels.json"
+    path.write_text(__import__("json").dumps({"rows": rows}))
+    curve = load_moe_time_curve(path)
+    assert curve == [(1.0, 1.0), (8.0, 2.0), (64.0, 8.0)]
+    box, measured = BoxProfile(), BoxProfile(moe_time_curve=curve)
+    assert measured.moe_growth(1) == 1.0 and measured.moe_growth(36) == pytest.approx(5.0)
+    assert measured.moe_growth(500) == 8.0
+    assert box.moe_growth(8) == pytest.approx(expected_distinct_experts(8, 384, 8) / 8)
+    share = measured.share_moe * measured.t1_ms
+    assert measured.components_ms(1, 8)["gemm"] == pytest.approx(measured.share_dense * measured.t1_ms + 2 * share)
+    with pytest.raises(PredictionUnavailable, match="N=128"):
+        load_moe_time_curve(path, n=128)

@@ -3,8 +3,9 @@
 `python -m experiments.analysis.speedup.cli table [--experiment E] [--log]`: predicted vs measured over every
 measured run of a store (experiments/analysis/speedup/fit.py `error_table`); `--log` writes the predictions onto
 runs measured before the model existed.
-`python -m experiments.analysis.speedup.cli box --tokens-per-step 2.4 --k 4 [--expert-curve curve.json]`: the
-Blackwell box's speedup and break-even points (experiments/analysis/speedup/model.py `BoxProfile`).
+`python -m experiments.analysis.speedup.cli box --tokens-per-step 2.4 --k 4 [--expert-curve curve.json]
+[--moe-kernel kimi_kernels.json]`: the Blackwell box's speedup and break-even points
+(experiments/analysis/speedup/model.py `BoxProfile`), the MoE term from distinct experts or a measured kernel curve.
 """
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.analysis.speedup.model import BoxProfile, break_even_concurrency, load_expert_curve, predict_level
+from experiments.analysis.speedup.model import (
+    BoxProfile,
+    break_even_concurrency,
+    load_expert_curve,
+    load_moe_time_curve,
+    predict_level,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--draft-step-cost", type=float, default=0.0)
     b.add_argument("--expert-curve", type=Path, default=None,
                    help="JSON list (distinct experts at 1, 2, ... tokens) or experiments/moe/expert_growth.json")
+    b.add_argument("--moe-kernel", type=Path, default=None,
+                   help="MoE time vs tokens measured by experiments/moe/kimi_kernels.py (its JSON), at the TP-8 shard")
+    b.add_argument("--moe-shard-n", type=int, default=256)
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     return ap
 
@@ -69,7 +79,8 @@ def table(args: argparse.Namespace) -> None:
 
 def box(args: argparse.Namespace) -> None:
     curve = load_expert_curve(args.expert_curve, BoxProfile.experts, BoxProfile.top_k) if args.expert_curve else None
-    profile = BoxProfile(expert_curve=curve)
+    moe = load_moe_time_curve(args.moe_kernel, args.moe_shard_n) if args.moe_kernel else None
+    profile = BoxProfile(expert_curve=curve, moe_time_curve=moe)
     base128 = profile.step_ms(profile.plateau_concurrency, 1.0)
     print(f"box profile: single stream {profile.t1_ms:.2f} ms/step; at c={profile.plateau_concurrency} the components "
           f"give {base128:.1f} ms/step = {profile.plateau_concurrency * 1000 / base128:.0f} tok/s (measured plateau "

@@ -95,6 +95,8 @@ class BoxProfile:
     active_params: float = 32e9              # parameters a token passes through (Kimi-K2: 32 B activated)
     gpu_tflops: float = 200.0                # effective GEMM throughput per GPU (W4A16 kernels, SM120)
     expert_curve: list[float] | None = None  # measured distinct experts per layer at 1, 2, ... tokens
+    # measured MoE kernel time at (tokens, time / time at 1 token); replaces "in proportion to distinct experts"
+    moe_time_curve: list[tuple[float, float]] | None = None
     attention_growth: float = field(default=float("nan"), init=False)
 
     def __post_init__(self) -> None:
@@ -115,6 +117,14 @@ class BoxProfile:
             return min(float(self.experts), scale * expected_distinct_experts(tokens, self.experts, self.top_k))
         return expected_distinct_experts(tokens, self.experts, self.top_k)
 
+    def moe_growth(self, tokens: float) -> float:
+        """MoE GEMM time for `tokens` routed tokens relative to one: the measured kernel curve (held at its last
+        point past the measured range), else in proportion to the distinct experts the tokens touch."""
+        if self.moe_time_curve:
+            m, rel = (np.asarray(v, dtype=float) for v in zip(*self.moe_time_curve, strict=True))
+            return float(np.interp(tokens, m, rel))
+        return self.distinct_experts(tokens) / self.distinct_experts(1)
+
     def allreduce_ms_per_token(self) -> float:
         ring = 2.0 * (self.gpus - 1) / self.gpus
         per_call = ring * self.hidden * self.allreduce_bytes / (self.bus_gbps * 1e9) * 1e3
@@ -129,8 +139,8 @@ class BoxProfile:
             "attention": self.share_attention * t1 * (1.0 + self.attention_growth * (c - 1)),
             # GEMMs read weights (dense: fixed; MoE: per distinct expert) or, with enough tokens, are
             # bound by their FLOPs: whichever is longer
-            "gemm": max(self.share_dense * t1 + self.share_moe * t1 * self.distinct_experts(n)
-                        / self.distinct_experts(1), self.gemm_compute_ms_per_token() * n),
+            "gemm": max(self.share_dense * t1 + self.share_moe * t1 * self.moe_growth(n),
+                        self.gemm_compute_ms_per_token() * n),
             "other": rest * t1,
         }
 
@@ -139,6 +149,18 @@ class BoxProfile:
 
     def step_ms(self, c: float, q: float) -> float:
         return sum(self.components_ms(c, q).values())
+
+
+def load_moe_time_curve(path: Path, n: int = 256, kernel: str = "marlin_w4a16",
+                        routing: str = "uniform") -> list[tuple[float, float]]:
+    """(tokens, time relative to one token) of one MoE kernel at one expert shard width N, from the kernel
+    microbenchmark's JSON (experiments/moe/kimi_kernels.py); N = 256 is Kimi-K2.5's TP-8 shard."""
+    rows = json.loads(Path(path).read_text())["rows"].values()
+    points = sorted((r["M"], r[kernel]["us"]) for r in rows
+                    if r["N"] == n and r.get("routing") == routing and (r.get(kernel) or {}).get("us"))
+    if not points or points[0][0] != 1:
+        raise PredictionUnavailable(f"{path}: no {kernel} time at N={n}, {routing} routing, 1 token")
+    return [(float(m), us / points[0][1]) for m, us in points]
 
 
 def load_expert_curve(path: Path, experts: int, top_k: int) -> list[float]:
