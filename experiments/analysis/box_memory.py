@@ -99,7 +99,7 @@ def attention_groups(m: KimiText, tp: int) -> list[TensorGroup]:
     ]
 
 
-def moe_groups(m: KimiText, tp: int, kernel: str = "triton") -> list[TensorGroup]:
+def moe_groups(m: KimiText, tp: int, kernel: str = "marlin") -> list[TensorGroup]:
     """Routed experts INT4 (compressed-tensors WNA16, FusedMoE TP: every rank holds all 384 experts, each
     cut along moe_intermediate), the shared expert (bf16, DeepseekV2MLP) and the router (replicated)."""
     n, e, h, i = m.layers - m.dense_layers, m.routed_experts, m.hidden, m.moe_intermediate
@@ -151,7 +151,7 @@ def dense_and_vocab_groups(m: KimiText, v: MoonViT, tp: int) -> list[TensorGroup
 
 
 def target_groups(m: KimiText = KimiText(), v: MoonViT = MoonViT(), tp: int = 8,
-                  kernel: str = "triton") -> list[TensorGroup]:
+                  kernel: str = "marlin") -> list[TensorGroup]:
     return attention_groups(m, tp) + moe_groups(m, tp, kernel) + dense_and_vocab_groups(m, v, tp)
 
 
@@ -194,7 +194,7 @@ class BoxInputs:
     mem_fraction_static: float = 0.88
     tp: int = 8
     speculative: bool = True
-    moe_kernel: str = "triton"             # the sm12x_wna16_moe_triton patch; "marlin" without it
+    moe_kernel: str = "marlin"             # SGLang's default; "triton" with the sm12x_wna16_moe_triton patch
     kv_dtype_bytes: int = BF16
     graph_mib_per_layer: float | None = None   # measured on the miniature; None leaves the term open
     graph_mib_fixed: float = 0.0

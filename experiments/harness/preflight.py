@@ -23,6 +23,8 @@ from sglang_patches import UnknownPatch, resolve
 # Any one of these makes a Hugging Face folder's tokenizer loadable (fast, SentencePiece, BPE, tiktoken).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "spiece.model")
 ENGINE_PROBE_TIMEOUT_S = 30.0
+# NVLink multicast off in every process of a multi-GPU site: on a shared host it can take the GPUs out of service.
+MULTICAST_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TRACKING_TIMEOUT_S = 5.0
 
 
@@ -44,6 +46,7 @@ def check_option(cfg: DictConfig) -> None:
     if not available_on_site(cfg):
         raise Refused(f"engine {engine_name(cfg)} is not available on site {cfg.site.name} "
                       f"(it has {site_engines})")
+    check_multicast_off(cfg)
     check_patches(cfg)
     refuse_unused_knobs(cfg)
     if cfg.spec.get("moe_expert_budget") is not None:
@@ -52,6 +55,18 @@ def check_option(cfg: DictConfig) -> None:
         raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {cfg.model.name}, and none is "
                       f"configured (model.drafters.eagle3 is empty): train one with +option=D "
                       f"or set spec.draft_model=/path/to/head")
+
+
+def check_multicast_off(cfg: DictConfig) -> None:
+    """A site with more than one GPU must switch NVLink multicast off in NCCL, PyTorch and NVSHMEM, unless it
+    says it has no NVLink (`site.nvlink: false`, the PCIe-only box)."""
+    if int(cfg.site.get("gpus") or 1) <= 1 or cfg.site.get("nvlink") is False:
+        return
+    env = cfg.site.get("env") or {}
+    wrong = {k: v for k, v in MULTICAST_OFF_ENV.items() if str(env.get(k)) != v}
+    if wrong:
+        raise Refused(f"site {cfg.site.name} has {cfg.site.gpus} GPUs but does not switch NVLink multicast off: "
+                      "set " + ", ".join(f"site.env.{k}={v}" for k, v in wrong.items()))
 
 
 def _flag_is(args: list[str], flag: str, value: str) -> bool:

@@ -60,7 +60,9 @@ def test_specforge_commands_serve_the_target_with_the_site_flags(tmp_path: Path)
     steps = commands(cfg, tmp_path)
     serve = next(s for s in steps if "--served-model-name" in s)   # through the sglang_patches launcher
     assert "--tp-size 8" in serve and "--speculative-algorithm" not in serve
-    assert "SPECWS_SGLANG_PATCHES=sm12x_wna16_moe_triton" in serve
+    assert "sm12x_wna16_moe_triton" not in serve   # the box serves Marlin by default (docs/reference/sglang-patches.md)
+    opted_in = commands(box("+option=D", "site.patches=[sm12x_wna16_moe_triton]"), tmp_path / "opt-in")
+    assert any("SPECWS_SGLANG_PATCHES=sm12x_wna16_moe_triton" in s for s in opted_in if "--served-model-name" in s)
     capture = next(s for s in steps if "prepare_hidden_states.py" in s)
     assert "--tp-size 8" in capture and "--chat-template kimi-k2-instruct" in capture
     assert any(s.startswith("specforge export --to sglang") for s in steps)

@@ -203,6 +203,17 @@ def test_selfcheck_passes_the_reference_and_refuses_wrong_kernels_with_numbers()
     assert message and f"max abs err {r['max_abs_err']:.4g}" in message and "relative L2 err" in message
 
 
+def test_a_marlin_refusal_names_the_triton_fallback_and_its_cost() -> None:
+    from sglang_patches.launch import with_fallback
+    p = sc.make_problem("cpu", torch.float32)
+    results = sc.check_kernels({"marlin_w4a16": _one_wrong_group_scale, "triton_w4a16": _wrong_zero_point}, p)
+    marlin = with_fallback(sc.refusal(results, ["marlin_w4a16"]), "marlin_w4a16")
+    assert "marlin_w4a16 disagrees" in marlin and "site.patches=[sm12x_wna16_moe_triton]" in marlin
+    assert "~5-6x" in marlin and "sm_90" in marlin
+    triton = sc.refusal(results, ["triton_w4a16"])
+    assert with_fallback(triton, "triton_w4a16") == triton   # no fallback to name past the patch itself
+
+
 def test_selfcheck_passes_a_bf16_rounded_kernel() -> None:
     """Tolerance is loose enough for bf16 activations, tight enough to catch the wrong kernels above."""
     p = sc.make_problem("cpu", torch.bfloat16)
