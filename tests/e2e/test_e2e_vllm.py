@@ -36,11 +36,20 @@ def runs_of(tmp: Path) -> list:
 
 
 def vllm_servers() -> list[psutil.Process]:
+    """Live vLLM servers started from this test process: with pytest-xdist, another worker's servers (their
+    environment names another worker) are not this test's leftovers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm.entrypoints.openai.api_server" in cmd and p.status() != psutil.STATUS_ZOMBIE:
-            found.append(p)
+        if "vllm.entrypoints.openai.api_server" not in cmd:
+            continue
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE or (worker and p.environ().get("PYTEST_XDIST_WORKER") != worker):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        found.append(p)
     return found
 
 
