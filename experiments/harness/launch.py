@@ -69,7 +69,7 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
     if hasattr(adapter, "args_for_installed_version"):
         args = adapter.args_for_installed_version(cfg.engine.python, args)
-    env = {**OmegaConf.to_container(cfg.engine.env), **OmegaConf.to_container(cfg.site.env)}
+    env = {**OmegaConf.to_container(cfg.engine.env, resolve=True), **OmegaConf.to_container(cfg.site.env, resolve=True)}
     patches = sglang_patches_for(cfg)
     if cfg.engine.module == "sglang_patches.launch":   # the patch launcher in front of SGLang's entry point
         from sglang_patches.launch import launcher_env

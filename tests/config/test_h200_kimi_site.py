@@ -119,3 +119,8 @@ def test_a_router_skew_on_real_weights_is_refused() -> None:
     check_patches(site("+option=B"))   # --load-format dummy: allowed
     with pytest.raises(Refused, match="only for a model served with random weights"):
         check_patches(compose_cfg("site=h200", "model=kimi_k25_mini", "+option=B"))
+
+
+def test_site_env_interpolations_reach_the_server_resolved() -> None:
+    cfg = site("+option=baseline", "+site.env.SPECWS_PROBE=${site.name}")
+    assert build_launch_spec(cfg).env["SPECWS_PROBE"] == "h200-kimi"
