@@ -176,12 +176,7 @@ class WorkloadRunner:
 
         async def one(conv: Conversation) -> None:
             rec = self._record(conv, 0, 0, 0, [], sent=not stalled)
-            if stalled:
-                _skip(rec, stalled[0], self.settings.stall_timeout_s)
-            else:
-                await self._request(client, rec, time.perf_counter())
-                if rec.error_kind == "stall":
-                    stalled.append(rec)
+            await self._send_unless_hung(client, rec, time.perf_counter(), stalled)
             records.append(rec)
 
         if concurrent:
@@ -190,6 +185,16 @@ class WorkloadRunner:
             for conv in convs:
                 await one(conv)
         self.warmup.add(stage, records)
+
+    async def _send_unless_hung(self, client, rec: RequestRecord, t0: float, stalled: list[RequestRecord]) -> None:
+        """Send `rec`, unless a request of the same stage has stalled (`stalled` holds it): the server is then
+        taken as hung and `rec` is recorded as skipped. A request that stalls now is added to `stalled`."""
+        if stalled:
+            _skip(rec, stalled[0], self.settings.stall_timeout_s)
+            return
+        await self._request(client, rec, t0)
+        if rec.error_kind == "stall":
+            stalled.append(rec)
 
     def _record(self, conv: Conversation, level: int, rep: int, turn: int, answers: list[str],
                 sent: bool = True) -> RequestRecord:
@@ -214,12 +219,7 @@ class WorkloadRunner:
                 for turn in range(conv.num_turns):
                     rec = self._record(conv, level, rep, turn, answers, sent=not stalled)
                     rec.order = next(started)
-                    if stalled:
-                        _skip(rec, stalled[0], self.settings.stall_timeout_s)
-                    else:
-                        await self._request(client, rec, t0)
-                        if rec.error_kind == "stall":
-                            stalled.append(rec)
+                    await self._send_unless_hung(client, rec, t0, stalled)
                     records.append(rec)
                     with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
                         f.write(dump_json(vars(rec)) + "\n")
