@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 
 from packaging.specifiers import SpecifierSet
@@ -47,11 +48,15 @@ def resolve_target(target: str) -> tuple[object, str, object]:
     return owner, attr, getattr(owner, attr)
 
 
-def select(patches: list[Patch], ctx: Context) -> tuple[list[Patch], list[dict]]:
-    """Split into active patches and skipped ones (with the reason)."""
+def select(patches: list[Patch], ctx: Context, forced: Sequence[str] = ()) -> tuple[list[Patch], list[dict]]:
+    """Split into active patches and skipped ones (with the reason); a `forced` one is active whatever its
+    conditions say, and a forced name that is not among `patches` is refused (a knob that would do nothing)."""
+    names = [p.name for p in patches]
+    if unknown := [f for f in forced if f not in names]:
+        raise PatchRefused(f"forced patches {unknown} are not among the requested {names}")
     active, skipped = [], []
     for p in patches:
-        reason = p.when.skip_reason(ctx)
+        reason = None if p.name in forced else p.when.skip_reason(ctx)
         if reason is None:
             active.append(p)
         else:

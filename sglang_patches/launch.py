@@ -48,16 +48,6 @@ def launcher_env(patches: list[str], site: str, pythonpath: str | None,
     return env | ({FORCED_ENV: ",".join(forced)} if forced else {})
 
 
-def force_skipped(patches: list, active: list, skipped: list[dict], forced: list[str]) -> tuple[list, list[dict]]:
-    """Move the forced patches from skipped to active, keeping the requested order; a forced name that was not
-    requested is refused (a knob that would do nothing)."""
-    names = [p.name for p in patches]
-    if unknown := [f for f in forced if f not in names]:
-        raise PatchRefused(f"forced patches {unknown} are not among the requested {names}")
-    keep = {p.name for p in active} | set(forced)
-    return [p for p in patches if p.name in keep], [s for s in skipped if s["name"] not in forced]
-
-
 def names_from_env(var: str) -> list[str]:
     return [n.strip() for n in os.environ.get(var, "").split(",") if n.strip()]
 
@@ -156,9 +146,8 @@ def launch(argv: list[str]) -> int:
         record["sglang_version"] = sglang_version()
         ctx, ns, config = detect_context(argv)
         record["context"] = {k: v for k, v in vars(ctx).items()}
-        active, skipped = select(patches, ctx)
         record["forced"] = names_from_env(FORCED_ENV)
-        active, record["skipped"] = force_skipped(patches, active, skipped, record["forced"])
+        active, record["skipped"] = select(patches, ctx, record["forced"])
         record["applied"] = apply_patches(active, record["sglang_version"])
     except (UnknownPatch, PatchRefused) as exc:
         record["refused"] = str(exc)

@@ -146,10 +146,10 @@ def test_a_forced_patch_is_applied_past_its_condition_and_reported() -> None:
 
 
 def test_forcing_a_patch_that_is_not_requested_is_refused() -> None:
-    from sglang_patches.launch import force_skipped
+    from sglang_patches.applying import select
     patches = resolve(["sm12x_wna16_moe_triton"])
     with pytest.raises(PatchRefused, match="moe_budget"):
-        force_skipped(patches, [], [{"name": "sm12x_wna16_moe_triton", "reason": "no CUDA device"}], ["moe_budget"])
+        select(patches, Context(), ["moe_budget"])
 
 
 def test_resolve_refuses_unknown_names_all_at_once() -> None:
