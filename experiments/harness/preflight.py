@@ -18,6 +18,7 @@ from experiments.engines.config import available_on_site, engine_name, forced_pa
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.tracking.offline_store import URI_PREFIX
 from experiments.tracking.redact import redact_text
+from experiments.tracking.store import sqlite_file
 from sglang_patches import UnknownPatch, resolve
 
 # Any one of these makes a Hugging Face folder's tokenizer loadable (fast, SentencePiece, BPE, tiktoken).
@@ -174,8 +175,8 @@ def check_tracking(cfg: DictConfig) -> None:
     if uri.startswith(("http://", "https://")):
         _check_tracking_server(uri, shown)
         return
-    if uri.startswith("sqlite:///"):
-        _check_folder(Path(uri.removeprefix("sqlite:///")).parent, shown)
+    if (db := sqlite_file(uri)) is not None:
+        _check_folder(db.parent, shown)
     elif uri.startswith((URI_PREFIX, "file://")):
         _check_folder(Path(uri.split("://", 1)[1]), shown)
     elif "://" not in uri:   # a plain folder: MLflow's file store

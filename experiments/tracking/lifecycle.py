@@ -16,7 +16,7 @@ from rich.console import Console
 from experiments.config.paths import cache_dir
 from experiments.tracking.processes import same_process
 from experiments.tracking.redact import redact_params, redact_text
-from experiments.tracking.store import PARENT_ENV, log_params
+from experiments.tracking.store import PARENT_ENV, log_params, sqlite_file
 
 console = Console(stderr=True)
 FAILURE_TAG = "specws.failure"
@@ -153,10 +153,8 @@ def _uri_of(client) -> str:
 
 def pending_dir(uri: str) -> Path:
     """Where terminal states a store could not take wait: next to a SQLite file, else in the cache."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///"))
-        return db.parent / f"{db.name}.pending-ends"
-    return cache_dir() / "pending-ends"
+    db = sqlite_file(uri)
+    return db.parent / f"{db.name}.pending-ends" if db is not None else cache_dir() / "pending-ends"
 
 
 def _save_pending_end(client, run_id: str, status: str, reason: str, end_time: int) -> Path | None:

@@ -29,14 +29,19 @@ except ImportError:  # a host without MLflow (the H200 host) records into the of
 PARENT_ENV = "SPECWS_PARENT_RUN_ID"
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI, None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
 @contextmanager
 def _store_lock(uri: str):
     """Serialise first use of a SQLite store: MLflow creates its schema on first contact, and two
     processes doing that at once fail with 'table ... already exists'."""
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_file(uri)
+    if db is None:
         yield
         return
-    db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
