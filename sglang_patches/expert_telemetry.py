@@ -52,7 +52,8 @@ def mode_name(forward_batch) -> str:
     return getattr(mode, "name", str(mode)).lower() if mode is not None else "unknown"
 
 
-def _capturing() -> bool:
+def graph_capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (graph replays run no Python)."""
     import torch
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -72,7 +73,7 @@ def _apply(t: Targets) -> None:
     def select_experts(*args, **kwargs):
         output = original_select(*args, **kwargs)
         counts = getattr(_layers, "counts", None)
-        if counts is not None and not _capturing():
+        if counts is not None and not graph_capturing():
             router_logits, _, num_token_non_padded = arguments(args, kwargs)
             n = int(num_token_non_padded) if num_token_non_padded is not None else None
             counts.append(distinct_experts(output.topk_ids, router_logits.shape[-1], n))

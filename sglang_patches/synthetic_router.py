@@ -43,6 +43,7 @@ import random
 from typing import TYPE_CHECKING
 
 from sglang_patches import Patch, PatchRefused, Targets, When, register
+from sglang_patches.expert_telemetry import graph_capturing
 from sglang_patches.moe_budget import MOE_MODEL_TYPES, SELECT_EXPERTS, select_experts_arguments
 
 if TYPE_CHECKING:
@@ -124,14 +125,9 @@ class BiasCache:
         bias = self._cache.get(key)
         if bias is None:
             bias = popularity_bias(key[1], self.skew, router_logits.device)
-            if not _capturing(router_logits):
+            if not graph_capturing():
                 self._cache[key] = bias
         return bias
-
-
-def _capturing(tensor: torch.Tensor) -> bool:
-    import torch
-    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _apply(t: Targets) -> None:
