@@ -2,7 +2,7 @@
 
 `python -m experiments.moe.decode_trace --model DIR --site h200x8-kimi --out DIR --concurrency 1,128`
 
-Per concurrency: one server start (the baseline's command line), a warm-up, then `POST /start_profile`
+One server start (the baseline's command line) and a warm-up; per concurrency, `POST /start_profile`
 {"output_dir", "num_steps", "activities": ["GPU"]} (SGLang 0.5.14, srt/entrypoints/http_server.py) while c
 requests decode; the profiler stops itself after num_steps forward steps and every TP rank writes
 `<out>/c<c>/<time>-TP-<rank>.trace.json.gz`. Prefill steps come first, so the profile starts after them
@@ -57,13 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = with_copies(json.loads(PROMPTS.read_text())["prompts"], 4, PROMPT_VOCAB)
     a.out.mkdir(parents=True, exist_ok=True)
     record: dict = {"site": a.site, "passes": []}
-    spec = launch_spec(a, "baseline", {}, [])
-    for c in a.concurrency:
-        def body(server, c=c) -> None:
-            warm(server, prompts, 8)
-            record["passes"].append(profile_pass(server, prompts, c, a.max_new_tokens, a.out / f"c{c}",
-                                                 a.num_steps))
-        served(spec, a.out / f"server-c{c}.log", record, body)
+    spec = launch_spec(a, "baseline", {}, [])   # limits sized for the largest concurrency: one server serves all
+
+    def body(server) -> None:
+        warm(server, prompts, 8)
+        for c in a.concurrency:
+            record["passes"].append(profile_pass(server, prompts, c, a.max_new_tokens, a.out / f"c{c}", a.num_steps))
+    served(spec, a.out / "server.log", record, body)
     (a.out / "decode_trace.json").write_text(json.dumps(record, indent=1))
     print(f"wrote {a.out / 'decode_trace.json'}: {[len(x['traces']) for x in record['passes']]} traces")
     return 0
