@@ -177,7 +177,7 @@ def split_parts(staging: Path, out: Path, part_limit: int, gzipped: list[str] | 
     return manifest
 
 
-def build(out: Path, tokenizer_dir: Path, extra: list[Path], margin: int = MARGIN) -> None:
+def build(out: Path, tokenizer_dir: Path, extra: list[Path], margin: int = MARGIN, model: bool = True) -> None:
     repo = repo_bytes()
     part_limit = TRAVEL_LIMIT - margin - repo
     print(f"bundle: parts of at most {part_limit / 2**20:.1f} MiB (the repo's {repo / 2**20:.1f} MiB travel too, "
@@ -188,8 +188,9 @@ def build(out: Path, tokenizer_dir: Path, extra: list[Path], margin: int = MARGI
     (staging / "wheels").mkdir(parents=True)
     download_wheels(staging / "wheels")
     repack_kernel(staging / "wheels")
-    (staging / "model").mkdir()
-    model_files(staging / "model", tokenizer_dir)
+    if model:
+        (staging / "model").mkdir()
+        model_files(staging / "model", tokenizer_dir)
     for folder in extra:  # e.g. EAGLE-3 heads: extras/<name>/...
         shutil.copytree(folder, staging / "extras" / folder.name)
     manifest = split_parts(staging, out, part_limit, gzip_files(staging))
@@ -302,6 +303,8 @@ def main() -> None:
     b.add_argument("--out", type=Path, default=BUNDLE)
     b.add_argument("--tokenizer", type=Path, default=ROOT / ".cache/models/SmolLM2-135M-Instruct")
     b.add_argument("--extra", type=Path, action="append", default=[], help="folder to carry too (e.g. a head)")
+    b.add_argument("--without-model", action="store_true",
+                   help="leave SmolLM2 out (the Kimi miniature's plan makes its own model): two parts fewer")
     b.add_argument("--margin-mib", type=float, default=MARGIN / 2**20,
                    help="room left in each call for files added to the work tree after the build")
     i = sub.add_parser("install", help="take the parts that arrived; install when complete (H200 host)")
@@ -309,7 +312,7 @@ def main() -> None:
     i.add_argument("--dest", type=Path, default=Path("/tmp/specws"))
     args = parser.parse_args()
     if args.cmd == "build":
-        build(args.out, args.tokenizer, args.extra, int(args.margin_mib * 2**20))
+        build(args.out, args.tokenizer, args.extra, int(args.margin_mib * 2**20), model=not args.without_model)
     else:
         sys.exit(0 if install(args.bundle, args.dest) else 3)
 

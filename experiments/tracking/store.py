@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import platform
+import re
 import subprocess
 import warnings
 from collections import namedtuple
@@ -99,11 +101,18 @@ def _experiment_id(client, cfg: DictConfig) -> str:
     return client.create_experiment(name, artifact_location=location)
 
 
+# what MLflow accepts in a param name; a mapping with other keys (token strings such as '[BOS]') is data,
+# logged whole as one JSON value under its own name
+PARAM_NAME = re.compile(r"^[\w.\- :/]+$")
+
+
 def flatten(cfg: DictConfig) -> dict[str, str]:
     out: dict[str, str] = {}
 
     def walk(node, prefix: str) -> None:
-        if isinstance(node, dict) and node:
+        if isinstance(node, dict) and node and not all(PARAM_NAME.match(str(k)) for k in node):
+            out[prefix] = json.dumps(node)[:6000]
+        elif isinstance(node, dict) and node:
             for k, v in node.items():
                 walk(v, f"{prefix}.{k}" if prefix else str(k))
         else:

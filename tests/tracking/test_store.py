@@ -1,13 +1,16 @@
 """Two multirun sweeps writing to one SQLite store at the same time both complete."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
+from conftest import compose_cfg
 from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT
+from experiments.tracking.store import flatten, log_params
 
 
 def test_parallel_multiruns_share_one_store(store: str, tmp_path, embedded_ready) -> None:
@@ -60,3 +63,15 @@ def test_a_run_left_running_by_a_gone_runner_fails_at_the_next_start(tmp_path) -
     assert client.get_run(ids["gone"]).info.status == "FAILED"
     assert "ended without closing it" in client.get_run(ids["gone"]).data.tags["specws.failure"]
     assert client.get_run(ids["alive"]).info.status == "RUNNING"
+
+
+def test_a_mapping_keyed_by_token_strings_is_logged_whole_to_a_real_store(store: str) -> None:
+    """The Kimi miniature's tokenizer.special_ids ('[BOS]': 163584, ...) are data, not param names."""
+    cfg = compose_cfg("model=kimi_k25_mini", "site=h200-kimi")
+    params = flatten(cfg)
+    client = MlflowClient(store)
+    run = client.create_run(client.create_experiment("special-ids"))
+    log_params(client, run.info.run_id, params)
+    logged = client.get_run(run.info.run_id).data.params
+    assert json.loads(logged["model.tokenizer.special_ids"])["[BOS]"] == 163584
+    assert logged["model.tokenizer.bos"] == "[BOS]" and logged["site.name"] == str(cfg.site.name)
