@@ -27,6 +27,17 @@ from experiments.engines.sglang_versions import flags_for_version, installed_sgl
 CHECK_SCRIPT = Path(__file__).with_name("sglang_check.py")
 
 
+def draft_quantization_args(draft_model: str) -> list[str]:
+    """SGLang (0.5.14, 0.5.23) gives the draft the target's --quantization unless told otherwise: a bf16
+    EAGLE-3 head beside `--quantization compressed-tensors` (the box profile's) then dies at load in
+    CompressedTensorsConfig() (seen on the H200, 2026-12-02). A head is unquantised unless its own config.json
+    declares a quantization_config; one not on disk here (a hub id) is taken as bf16, as the published heads are."""
+    config = Path(str(draft_model)) / "config.json"
+    if config.is_file() and "quantization_config" in json.loads(config.read_text()):
+        return []
+    return ["--speculative-draft-model-quantization", "unquant"]
+
+
 NGRAM_FLAGS = {"min_bfs_breadth": "--speculative-ngram-min-bfs-breadth",
                "max_bfs_breadth": "--speculative-ngram-max-bfs-breadth",
                "max_trie_depth": "--speculative-ngram-max-trie-depth"}
@@ -88,7 +99,8 @@ class SGLangAdapter(EngineAdapter):
                 "--speculative-draft-model-path", str(spec.draft_model),
                 "--speculative-num-steps", str(spec.num_steps),
                 "--speculative-eagle-topk", str(spec.topk),
-                "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+                "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
+                *draft_quantization_args(spec.draft_model)]
 
     def args_for_installed_version(self, python: str, args: list[str]) -> list[str]:
         """Flags renamed between releases, spelled as the SGLang that `python` imports knows them."""

@@ -2,6 +2,9 @@
 lines accepted by SGLang 0.5.14's own parser for every SGLang option, every flag explained."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -10,7 +13,7 @@ from omegaconf import open_dict
 from omegaconf.errors import InterpolationResolutionError
 
 from experiments.config.paths import cache_dir
-from experiments.engines.sglang_engine import SGLangAdapter
+from experiments.engines.sglang_engine import CHECK_SCRIPT, SGLangAdapter, draft_quantization_args
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.preflight import check_option
 from experiments.tracking.store import flatten
@@ -124,3 +127,23 @@ def test_a_router_skew_on_real_weights_is_refused() -> None:
 def test_site_env_interpolations_reach_the_server_resolved() -> None:
     cfg = site("+option=baseline", "+site.env.SPECWS_PROBE=${site.name}")
     assert build_launch_spec(cfg).env["SPECWS_PROBE"] == "h200-kimi"
+
+
+def test_the_bf16_head_beside_the_int4_target_is_loaded_unquantised(tmp_path) -> None:
+    """SGLang gives the draft the target's --quantization unless told: the random Kimi head (no
+    quantization_config) died at load on the H200 in CompressedTensorsConfig() until this flag."""
+    pytest.importorskip("sglang")
+    for option in ("B", "E"):
+        args = build_launch_spec(site(f"+option={option}")).args
+        assert args[args.index("--speculative-draft-model-quantization") + 1] == "unquant", option
+    env = {**os.environ, "PYTHONPATH": str(SGLANG_0_5_14)}
+    proc = subprocess.run([sys.executable, str(CHECK_SCRIPT), "--values", "speculative_draft_model_quantization"],
+                          env=env, input=json.dumps([args]), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[0]["speculative_draft_model_quantization"] == "unquant"
+    quantised = tmp_path / "head"
+    quantised.mkdir()
+    (quantised / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8"}}))
+    assert draft_quantization_args(str(quantised)) == []
+    assert draft_quantization_args("lightseekorg/kimi-k2.5-eagle3") == ["--speculative-draft-model-quantization",
+                                                                        "unquant"]
