@@ -9,8 +9,9 @@ the same arch and tvm-ffi version, is the one the host would build. The compiler
     python -m experiments.hosts.jit_prebuild --out .cache/tvm-ffi-sm90
     then carry .cache/tvm-ffi-sm90 with the device call that runs `bin/h200` (it copies them into TVM_FFI_CACHE_DIR)
 
-Only the `.so` files are kept. The build imports `sglang.jit_kernel` through a package shim, because the whole
-`sglang` package pulls in torchvision, whose operators this machine's CPU torch does not register.
+Only the `.so` files are kept. The build imports `sglang.jit_kernel` through a package shim (and a stub
+torchvision), because the whole `sglang` package pulls in the overlay's torchvision, whose operators this machine's
+CPU torch does not register.
 """
 from __future__ import annotations
 
@@ -27,11 +28,17 @@ CUDA_WHEELS = ["nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-runtime==13.0.96", "nvi
                "nvidia-cuda-crt==13.0.88", "nvidia-nvvm==13.0.88", "apache-tvm-ffi==0.1.9"]
 SGLANG = ROOT / ".cache" / "sglang-0.5.14"   # bin/setup's overlay: the wheel the H200 bundle installs
 SHIM_LINKS = ("jit_kernel", "kernel_api_logging.py", "utils.py", "srt")
-# module: the call that builds it (the Python expression SGLang itself runs on first use)
+# module: the call that builds it (the Python expression SGLang itself runs on first use). These are the ones
+# the H200 host built serving the Kimi miniature (baseline, NGRAM; 2026-12-02, its tvm-ffi cache listing).
 MODULES = {
     "gptq_marlin_repack": "_jit_gptq_marlin_repack_module()",
     "moe_wna16_marlin": "_jit_moe_wna16_marlin_module(torch.bfloat16)",
+    "activation": "_jit_activation_module(torch.bfloat16)",
+    "clamp_position": "_jit_clamp_position_module(torch.int64)",
+    "rope": "_jit_fused_rope_module(False, 64, torch.bfloat16)",   # MLA's 64 rope dims, not neox
 }
+# ngram_corpus (NGRAM's trie, C++ only, seconds to build there) is left to the host: its result.h misses
+# <cstddef>, which this machine's gcc 12 refuses
 BUILD = """
 import sys, time, torch
 from sglang.jit_kernel import utils
@@ -69,6 +76,11 @@ def sglang_shim(where: Path) -> Path:
         link = pkg / name
         if not link.is_symlink():
             link.symlink_to(SGLANG / "sglang" / name)
+    # sglang.srt.utils imports torchvision.io.decode_jpeg at module level; nothing built here calls it
+    (where / "torchvision").mkdir(exist_ok=True)
+    (where / "torchvision" / "__init__.py").write_text("")
+    (where / "torchvision" / "io.py").write_text(
+        "def decode_jpeg(*args, **kwargs):\n    raise RuntimeError('jit_prebuild: torchvision is not loaded')\n")
     return where
 
 
