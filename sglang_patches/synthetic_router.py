@@ -8,8 +8,11 @@ with the largest bias (8 to 14 for 512 tokens in tests/sglang_patches/test_synth
 per step would stay near 8 whatever the batch, which makes the MoE part of verification look free.
 
 What it does, around SGLang's own `select_experts` (nothing else of SGLang's routing changes): per token, the
-router logits are standardised over the experts (zero mean, unit standard deviation; token-dependent because
-the hidden states differ per token) and a fixed per-expert popularity bias `s * z_e` is added; then SGLang's
+router logits are standardised over the experts (zero mean, unit standard deviation; token-dependent where the
+hidden states differ) and mixed, 10 % of the variance to 90 %, with a fixed standard-normal noise row chosen by
+the token's row in the batch
+(tokens with identical hidden states, which a random-weight model's decode batches are full of, still route
+apart), and a fixed per-expert popularity bias `s * z_e` is added; then SGLang's
 top-k (sigmoid + correction bias + top-8 + renormalisation + routed_scaling_factor) runs on that. z_e are the
 standard-normal quantiles Phi^-1((r_e + 0.5) / E) over a seeded permutation r of the experts, so the spread of
 popularity does not depend on the luck of a draw. s = 0 is near-uniform routing (the pessimistic case for
@@ -54,6 +57,9 @@ SEED = 20260101
 WRAPPED_AFTER = ("moe_budget", "expert_telemetry")   # patches that must wrap select_experts after this one
 MAX_SKEW = 10.0   # beyond this the bias decides everything: 8 fixed experts again
 EPSILON = 1e-12
+# share of the routing score's variance that comes from the token's own (random-weight) logits; the rest is the
+# row noise. Small, so that identical tokens in a batch route nearly independently (correlation 0.1).
+TOKEN_SHARE = 0.1
 
 
 def parse_skew(raw: str | None) -> float:
@@ -104,12 +110,30 @@ def popularity_stats(skew: float, experts: int = 384, top_k: int = 8, tokens: tu
             "distinct": {t: round(float((1 - (1 - p) ** t).sum()), 1) for t in tokens}}
 
 
+def row_noise(rows: int, experts: int, device: torch.device | str = "cpu", seed: int = SEED) -> torch.Tensor:
+    """N(0, 1) float32 [rows, experts], a pure function of (row, expert, seed): an integer hash of `arange`,
+    so it needs no generator state and is captured into CUDA graphs like the rest of the forward."""
+    import torch
+    x = torch.arange(rows * experts, device=device, dtype=torch.int64) + (seed % 2**31) * 2**20
+    for _ in range(2):
+        x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = x ^ (x >> 16)
+    u = (x.to(torch.float64) + 0.5) / 2**32
+    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(torch.float32).view(rows, experts)
+
+
 def synthetic_logits(router_logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Per token: logits standardised over experts, plus the popularity bias (float32, same shape)."""
+    """Per token: logits standardised over experts (TOKEN_SHARE of the variance) plus a fixed noise row (the rest;
+    the sum keeps unit variance, so the skew table above holds), plus
+    the popularity bias (float32, same shape). The noise row is the token's row in the batch: a model with random
+    weights emits the same tokens for every request, so a decode batch holds identical hidden states that
+    would otherwise all route alike (8 distinct experts at 16 requests, H200 2026-12-02)."""
     logits = router_logits.float()
     mean = logits.mean(dim=-1, keepdim=True)
     std = logits.std(dim=-1, keepdim=True, unbiased=False)
-    return (logits - mean) / (std + EPSILON) + bias
+    noise = row_noise(logits.shape[0], logits.shape[-1], logits.device)
+    own = (logits - mean) / (std + EPSILON)
+    return math.sqrt(TOKEN_SHARE) * own + math.sqrt(1.0 - TOKEN_SHARE) * noise + bias
 
 
 class BiasCache:

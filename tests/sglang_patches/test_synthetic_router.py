@@ -225,3 +225,16 @@ def test_popularity_stats_say_what_the_skew_means():
     assert abs(uniform["distinct"][64] - uniform_expectation(64)) < 3
     skewed = synthetic_router.popularity_stats(0.5, samples=40_000)
     assert 0.35 < skewed["top10_share"] < 0.45 and skewed["distinct"][64] < 0.8 * uniform["distinct"][64]
+
+
+@pytest.mark.parametrize("tokens", [16, 64])
+def test_identical_tokens_in_a_batch_still_route_apart(kimi_topk, monkeypatch, tokens):
+    """A random-weight model emits the same token for every request: a decode batch of identical hidden states
+    routed to 8 experts on the H200 until the noise row."""
+    logits, bias = dummy_router(1, 0)
+    module, _, config, _ = with_skew(monkeypatch, kimi_topk, bias, "0")
+    ids = routed(module, config, logits.expand(tokens, -1).contiguous()).topk_ids
+    assert ids.unique().numel() >= 0.85 * uniform_expectation(tokens)
+    noise = synthetic_router.row_noise(4096, EXPERTS)
+    assert abs(noise.mean()) < 0.01 and abs(noise.std() - 1) < 0.01
+    assert torch.equal(noise, synthetic_router.row_noise(4096, EXPERTS))
