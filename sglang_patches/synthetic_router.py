@@ -60,6 +60,7 @@ EPSILON = 1e-12
 # share of the routing score's variance that comes from the token's own (random-weight) logits; the rest is the
 # row noise. Small, so that identical tokens in a batch route nearly independently (correlation 0.1).
 TOKEN_SHARE = 0.1
+NOISE_ROWS = 16384   # rows of the cached noise table (SGLang's default max prefill tokens); more are hashed anew
 
 
 def parse_skew(raw: str | None) -> float:
@@ -122,7 +123,8 @@ def row_noise(rows: int, experts: int, device: torch.device | str = "cpu", seed:
     return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(torch.float32).view(rows, experts)
 
 
-def synthetic_logits(router_logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def synthetic_logits(router_logits: torch.Tensor, bias: torch.Tensor,
+                     noise: torch.Tensor | None = None) -> torch.Tensor:
     """Per token: logits standardised over experts (TOKEN_SHARE of the variance) plus a fixed noise row (the rest;
     the sum keeps unit variance, so the skew table above holds), plus
     the popularity bias (float32, same shape). The noise row is the token's row in the batch: a model with random
@@ -131,18 +133,31 @@ def synthetic_logits(router_logits: torch.Tensor, bias: torch.Tensor) -> torch.T
     logits = router_logits.float()
     mean = logits.mean(dim=-1, keepdim=True)
     std = logits.std(dim=-1, keepdim=True, unbiased=False)
-    noise = row_noise(logits.shape[0], logits.shape[-1], logits.device)
+    if noise is None:
+        noise = row_noise(logits.shape[0], logits.shape[-1], logits.device)
     own = (logits - mean) / (std + EPSILON)
     return math.sqrt(TOKEN_SHARE) * own + math.sqrt(1.0 - TOKEN_SHARE) * noise + bias
 
 
 class BiasCache:
-    """The bias per (device, E), built on first use; never cached from inside a CUDA-graph capture (a tensor
-    made there holds nothing until the graph replays)."""
+    """The bias per (device, E) and the noise rows, built on first use; never cached from inside a CUDA-graph
+    capture (a tensor made there holds nothing until the graph replays). The hash that makes the noise costs
+    ~60 us a layer on the H200 as a dozen small kernels: a cached table is one slice."""
 
-    def __init__(self, skew: float):
+    def __init__(self, skew: float, noise_rows: int = NOISE_ROWS):
         self.skew = skew
+        self.noise_rows = noise_rows
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
+        self._noise: dict[tuple[str, int], torch.Tensor] = {}
+
+    def noise(self, router_logits: torch.Tensor) -> torch.Tensor:
+        rows, key = int(router_logits.shape[0]), (str(router_logits.device), int(router_logits.shape[-1]))
+        table = self._noise.get(key)
+        if table is None and not graph_capturing():
+            table = self._noise[key] = row_noise(self.noise_rows, key[1], router_logits.device)
+        if table is None or rows > table.shape[0]:
+            return row_noise(rows, key[1], router_logits.device)
+        return table[:rows]
 
     def __call__(self, router_logits: torch.Tensor) -> torch.Tensor:
         key = (str(router_logits.device), int(router_logits.shape[-1]))
@@ -166,7 +181,7 @@ def _apply(t: Targets) -> None:
     @functools.wraps(current)
     def select_experts(*args, **kwargs):
         router_logits, _, _ = arguments(args, kwargs)
-        new_logits = synthetic_logits(router_logits, bias_for(router_logits))
+        new_logits = synthetic_logits(router_logits, bias_for(router_logits), bias_for.noise(router_logits))
         if "router_logits" in kwargs:
             return current(*args, **{**kwargs, "router_logits": new_logits})
         return current(*args[:1], new_logits, *args[2:], **kwargs)

@@ -238,3 +238,11 @@ def test_identical_tokens_in_a_batch_still_route_apart(kimi_topk, monkeypatch, t
     noise = synthetic_router.row_noise(4096, EXPERTS)
     assert abs(noise.mean()) < 0.01 and abs(noise.std() - 1) < 0.01
     assert torch.equal(noise, synthetic_router.row_noise(4096, EXPERTS))
+
+
+def test_the_cached_noise_table_is_the_hash_and_longer_batches_are_hashed_anew():
+    cache = synthetic_router.BiasCache(0.25, noise_rows=128)
+    logits = torch.zeros(64, EXPERTS)
+    assert torch.equal(cache.noise(logits), synthetic_router.row_noise(64, EXPERTS))
+    longer = torch.zeros(300, EXPERTS)
+    assert cache._noise and torch.equal(cache.noise(longer), synthetic_router.row_noise(300, EXPERTS))
