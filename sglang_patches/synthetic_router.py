@@ -10,9 +10,8 @@ per step would stay near 8 whatever the batch, which makes the MoE part of verif
 What it does, around SGLang's own `select_experts` (nothing else of SGLang's routing changes): per token, the
 router logits are standardised over the experts (zero mean, unit standard deviation; token-dependent where the
 hidden states differ) and mixed, 10 % of the variance to 90 %, with a fixed standard-normal noise row chosen by
-the token's row in the batch
-(tokens with identical hidden states, which a random-weight model's decode batches are full of, still route
-apart), and a fixed per-expert popularity bias `s * z_e` is added; then SGLang's
+the token's row in the batch (so tokens with identical hidden states, which a random-weight model's decode
+batches are full of, still route apart), and a fixed per-expert popularity bias `s * z_e` is added; then SGLang's
 top-k (sigmoid + correction bias + top-8 + renormalisation + routed_scaling_factor) runs on that. z_e are the
 standard-normal quantiles Phi^-1((r_e + 0.5) / E) over a seeded permutation r of the experts, so the spread of
 popularity does not depend on the luck of a draw. s = 0 is near-uniform routing (the pessimistic case for
@@ -125,11 +124,12 @@ def row_noise(rows: int, experts: int, device: torch.device | str = "cpu", seed:
 
 def synthetic_logits(router_logits: torch.Tensor, bias: torch.Tensor,
                      noise: torch.Tensor | None = None) -> torch.Tensor:
-    """Per token: logits standardised over experts (TOKEN_SHARE of the variance) plus a fixed noise row (the rest;
-    the sum keeps unit variance, so the skew table above holds), plus
-    the popularity bias (float32, same shape). The noise row is the token's row in the batch: a model with random
-    weights emits the same tokens for every request, so a decode batch holds identical hidden states that
-    would otherwise all route alike (8 distinct experts at 16 requests, H200 2026-12-02)."""
+    """Per token: logits standardised over experts (TOKEN_SHARE of the variance), a fixed noise row (the rest; the
+    sum keeps unit variance, so the skew table above holds) and the popularity bias (float32, same shape). The
+    noise row is the token's row in the batch: a model with random weights emits the same tokens for every
+    request, so a decode batch holds identical hidden states that would otherwise all route alike (8 distinct
+    experts at 16 requests, H200 2026-12-02). `noise` defaults to hashing the rows anew (`BiasCache.noise`
+    serves them from a cached table)."""
     logits = router_logits.float()
     mean = logits.mean(dim=-1, keepdim=True)
     std = logits.std(dim=-1, keepdim=True, unbiased=False)
@@ -193,8 +193,9 @@ def _apply(t: Targets) -> None:
 PATCH = register(Patch(
     name="synthetic_router",
     fixes="random (dummy) weights route every token to the same 8 experts (the correction bias dominates "
-          "logits of ~3e-5); per token, standardise the router logits and add a fixed popularity bias of skew "
-          f"s ({SKEW_ENV}) before SGLang's own top-k, so distinct experts per step grow with the batch",
+          "logits of ~3e-5); per token, mix the standardised router logits with a fixed noise row per batch position "
+          f"and add a fixed popularity bias of skew s ({SKEW_ENV}) before SGLang's own top-k, so distinct experts "
+          "per step grow with the batch",
     link="https://github.com/sgl-project/sglang/blob/v0.5.14/python/sglang/srt/model_loader/weight_utils.py",
     sglang_versions=">=0.5.14,<0.6",
     when=When(model_types=MOE_MODEL_TYPES),
