@@ -11,10 +11,12 @@ and limit flags, the launcher `python -m sglang_patches.launch` applying the nam
 spawned processes too), started, health-checked and stopped by `harness.server.Server`.
 - `decode`: baseline (no speculation) + `spec.moe_telemetry` (`expert_telemetry`), no CUDA graphs; every
   prompt greedy at concurrency 1, 4, 8: the reference outputs and decode-step expert counts.
-- `ngram`: option E per k in --ks, NGRAM with k draft tokens (`spec.num_draft_tokens` = k+1, chain drafts:
-  bfs breadth 1), `moe_budget` + `expert_telemetry`, no CUDA graphs; B is set through a file between passes
-  (budget grid --budgets, the first being the number of experts = unbudgeted) at each concurrency.
-- `graphs`: tok/s with CUDA graphs: option E with --graph-k draft tokens, one server per B (`moe_budget` only).
+- `ngram`: option E per k in --ks, on NGRAM whatever the model's option E drafts with, k draft tokens
+  (`spec.num_draft_tokens` = k+1, chain drafts: bfs breadth 1), `moe_budget` + `expert_telemetry`, no CUDA
+  graphs; B is set through a file between passes (budget grid --budgets, the first being the number of
+  experts = unbudgeted) at each concurrency.
+- `graphs`: tok/s with CUDA graphs: option E on NGRAM with --graph-k draft tokens, one server per B
+  (`moe_budget` only).
 Results: $OUT/<phase>.json (per pass: outputs, per-request accept length, tok/s, telemetry summary) and the
 raw telemetry lines under $OUT/<phase>-telemetry/. A failing server is recorded with its log tail, and the
 phase goes on with the next configuration.
@@ -35,6 +37,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.config.paths import ROOT
+from experiments.engines.knobs import refuse_unused_knobs
 from experiments.harness.launch import LaunchSpec, build_launch_spec
 from experiments.harness.server import Server
 from sglang_patches.moe_budget import BUDGET_FILE_ENV
@@ -45,12 +48,16 @@ PROMPT_VOCAB = 49152   # SmolLM2's, whose ids prompts.json holds (valid ids of a
 NO_GRAPHS = ["--disable-cuda-graph"]   # telemetry counts synchronise; graph replays run no Python
 # chain drafts: one continuation per step, so a verify forward carries bs * (k+1) tokens
 NGRAM_CHAIN = {"ngram.min_bfs_breadth": 1, "ngram.max_bfs_breadth": 1, "ngram.max_trie_depth": 18}
+# NGRAM whatever option E drafts with for the model (Kimi's is EAGLE-3): an NGRAM verify always carries
+# bs * (k+1) tokens, whatever was accepted, and loads no draft; EAGLE's settings are cleared, not left unused
+NGRAM = {"method": "ngram", "draft_model": None, "num_steps": None, "topk": None, **NGRAM_CHAIN}
 
 
 def launch_spec(a: argparse.Namespace, option: str, spec: dict, extra_args: list[str]) -> LaunchSpec:
     """The server for `+option=<option>` on `a.site` with the model config `a.model_config` served from
     `a.model`, `spec` settings (dotted keys under spec.), `a.overrides` (Hydra overrides) and `extra_args` on
-    top; its engine limits sized for `a.concurrency`."""
+    top; its engine limits sized for `a.concurrency`. A spec setting the engine would not use is refused
+    (preflight.Refused), as the runner refuses it."""
     overrides = [f"site={a.site}", f"model={a.model_config}", f"+option={option}", *a.overrides]
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=overrides)
@@ -59,6 +66,7 @@ def launch_spec(a: argparse.Namespace, option: str, spec: dict, extra_args: list
     cfg.engine.extra_args = list(extra_args)
     for key, value in spec.items():
         OmegaConf.update(cfg, f"spec.{key}", value, force_add=True)
+    refuse_unused_knobs(cfg)
     return build_launch_spec(cfg)
 
 
@@ -195,7 +203,7 @@ def phase_ngram(a: argparse.Namespace, prompts: list[dict], out: Path) -> dict:
         budget_file = out / f"ngram-k{k}-budget.txt"
         budget_file.parent.mkdir(parents=True, exist_ok=True)
         budget_file.write_text(str(a.budgets[0]))
-        spec = launch_spec(a, "E", {"num_draft_tokens": k + 1, **NGRAM_CHAIN, **telemetry_spec(tel),
+        spec = launch_spec(a, "E", {"num_draft_tokens": k + 1, **NGRAM, **telemetry_spec(tel),
                                     "moe_expert_budget": a.budgets[0]}, NO_GRAPHS)
         spec.env[BUDGET_FILE_ENV] = str(budget_file.resolve())   # read before the fixed budget: B between passes
         cfg = {"k": k, "cmd": spec.argv, "passes": []}
@@ -206,18 +214,28 @@ def phase_ngram(a: argparse.Namespace, prompts: list[dict], out: Path) -> dict:
                 time.sleep(0.05)
                 concurrency_passes(server, a, prompts, tel, f"ngram k={k} B={b}", cfg["passes"], budget=b)
         served(spec, out / "logs" / f"ngram-k{k}.log", cfg, grid)
+        write_result(out, result, done=False)
     return result
 
 
 def phase_graphs(a: argparse.Namespace, prompts: list[dict], out: Path) -> dict:
     result = {"phase": "graphs", "k": a.graph_k, "configs": []}
     for b in a.budgets:
-        spec = launch_spec(a, "E", {"num_draft_tokens": a.graph_k + 1, **NGRAM_CHAIN, "moe_expert_budget": b}, [])
+        spec = launch_spec(a, "E", {"num_draft_tokens": a.graph_k + 1, **NGRAM, "moe_expert_budget": b}, [])
         cfg = {"budget": b, "cmd": spec.argv, "passes": []}
         result["configs"].append(cfg)
         served(spec, out / "logs" / f"graphs-B{b}.log", cfg, lambda server, cfg=cfg, b=b: concurrency_passes(
             server, a, prompts, None, f"graphs B={b}", cfg["passes"]))
+        write_result(out, result, done=False)
     return result
+
+
+def write_result(out: Path, result: dict, done: bool = True) -> Path:
+    """$OUT/<phase>.json, also after every server of a phase (`complete` false until the phase ends), so that a
+    lease that ends mid-phase keeps the configurations measured."""
+    path = out / f"{result['phase']}.json"
+    path.write_text(json.dumps({**result, "complete": done}, indent=1, default=str))
+    return path
 
 
 def with_copies(prompts: list[dict], copies: int, vocab: int) -> list[dict]:
@@ -262,10 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     run = {"decode": phase_decode, "ngram": phase_ngram, "graphs": phase_graphs}[a.phase]
     t0 = time.time()
     result = run(a, prompts, a.out)
-    result.update({"model": a.model, "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency,
+    result.update({"model": str(a.model), "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency,
                    "seconds": time.time() - t0})
-    (a.out / f"{a.phase}.json").write_text(json.dumps(result, indent=1))
-    print(f"wrote {a.out / (a.phase + '.json')} in {time.time() - t0:.0f}s", flush=True)
+    print(f"wrote {write_result(a.out, result)} in {time.time() - t0:.0f}s", flush=True)
     return 0
 
 
