@@ -71,8 +71,10 @@ def budget_topk(topk_weights: torch.Tensor, topk_ids: torch.Tensor, router_logit
     scores = expert_scores(router_logits, scoring_func)
     # Experts some token picked rank above all others (1 + weight > 1 > any mean score), the rest by mean score.
     rank_key = torch.where(aggregated > 0, 1.0 + aggregated, scores.mean(0))
-    kept = torch.zeros(num_experts, device=weights.device, dtype=torch.bool)
-    kept[rank_key.topk(budget).indices] = True
+    # index_fill_, not `kept[idx] = True`: that copies a host tensor to the device, which a CUDA graph capture
+    # refuses (seen on the H200: option E's verify graphs failed to capture at B < experts)
+    kept = torch.zeros(num_experts, device=weights.device, dtype=torch.bool).index_fill_(
+        0, rank_key.topk(budget).indices, True)
 
     survived = ~routed | kept[safe_ids]
     choice = scores + (correction_bias.float() if correction_bias is not None else 0.0)
