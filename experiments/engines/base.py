@@ -176,6 +176,10 @@ class EngineAdapter(ABC):
     def _given_args(self, cfg: DictConfig) -> list[str]:
         return [str(a) for a in [*(cfg.site.engine_args.get(self.name) or []), *cfg.engine.extra_args]]
 
+    def head_config_problems(self, head: dict) -> list[str]:
+        """What in an EAGLE-3 head's config.json this engine cannot load (checked before launch)."""
+        return []
+
     @abstractmethod
     def effective_limits(self, base_url: str, validation: Validation) -> dict[str, float | str]:
         """The limits the running server really uses (max running requests, batched tokens, context, ...)."""

@@ -74,6 +74,15 @@ class SGLangAdapter(EngineAdapter):
                     "step whatever is passed; set spec.num_steps instead")
         return None
 
+    def head_config_problems(self, head: dict) -> list[str]:
+        """llama_eagle3.py (0.5.14, 0.5.23) reads config.draft_vocab_size unless the embeddings are tied; a
+        config.json without the key dies at load (AttributeError on the H200, 2026-12-02). null is taken as the
+        target's vocabulary, with the target's lm_head."""
+        if head.get("tie_word_embeddings") or "draft_vocab_size" in head:
+            return []
+        return ["no draft_vocab_size in its config.json (SGLang's llama_eagle3 reads it; null means the target's "
+                "vocabulary)"]
+
     def effective_limits(self, base_url: str, validation: Validation) -> dict[str, float | str]:
         """From /server_info (0.5.14 on; /get_server_info before): the resolved server arguments, the
         scheduler's info and its internal state (the scheduler's own max running requests and KV capacity)."""

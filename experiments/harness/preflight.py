@@ -213,7 +213,15 @@ def check_assets(cfg: DictConfig) -> None:
             raise Refused(f"EAGLE-3 head not found at {head}: train one with +option=D "
                           f"(it is saved there) or set spec.draft_model=/path/to/head")
         check_head_fits(head, model)
+        check_head_loads(cfg, head)
     check_engine_env(cfg)
+
+
+def check_head_loads(cfg: DictConfig, head: Path) -> None:
+    from experiments.engines import adapter_for
+    problems = adapter_for(engine_name(cfg)).head_config_problems(json.loads((head / "config.json").read_text()))
+    if problems:
+        raise Refused(f"{engine_name(cfg)} cannot load EAGLE-3 head {head}: " + "; ".join(problems))
 
 
 def check_head_fits(head: Path, model: Path) -> None:

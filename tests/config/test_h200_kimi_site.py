@@ -15,7 +15,7 @@ from omegaconf.errors import InterpolationResolutionError
 from experiments.config.paths import cache_dir
 from experiments.engines.sglang_engine import CHECK_SCRIPT, SGLangAdapter, draft_quantization_args
 from experiments.harness.launch import build_launch_spec
-from experiments.harness.preflight import check_option
+from experiments.harness.preflight import Refused, check_head_loads, check_option
 from experiments.tracking.store import flatten
 
 SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
@@ -147,3 +147,17 @@ def test_the_bf16_head_beside_the_int4_target_is_loaded_unquantised(tmp_path) ->
     assert draft_quantization_args(str(quantised)) == []
     assert draft_quantization_args("lightseekorg/kimi-k2.5-eagle3") == ["--speculative-draft-model-quantization",
                                                                         "unquant"]
+
+
+def test_a_head_sglang_cannot_load_is_refused_before_launch(tmp_path) -> None:
+    """The random Kimi head had no draft_vocab_size: SGLang's llama_eagle3 died at load on the H200 (B and E)."""
+    model = tmp_path / "kimi"
+    subprocess.run([sys.executable, "-m", "experiments.moe.kimi_mini", "build", "--out", str(model)], check=True,
+                   capture_output=True, timeout=120)
+    cfg = site("+option=B", f"model.path={model}")
+    check_head_loads(cfg, model / "eagle3")   # the builder writes draft_vocab_size: null (the target's vocabulary)
+    head = json.loads((model / "eagle3" / "config.json").read_text())
+    del head["draft_vocab_size"]
+    (model / "eagle3" / "config.json").write_text(json.dumps(head))
+    with pytest.raises(Refused, match="draft_vocab_size"):
+        check_head_loads(cfg, model / "eagle3")
