@@ -107,7 +107,8 @@ def test_chat_template_renders_turns_and_the_generation_prompt(folder: Path) -> 
 
 def test_eagle3_head_fits_the_target_and_reads_three_distinct_layers(folder: Path) -> None:
     head = json.loads((folder / "eagle3" / "config.json").read_text())
-    assert head["architectures"] == ["LlamaForCausalLMEagle3"] and "draft_vocab_size" not in head
+    # null: the target's vocabulary and lm_head; the key itself must be there (SGLang's llama_eagle3 reads it)
+    assert head["architectures"] == ["LlamaForCausalLMEagle3"] and head["draft_vocab_size"] is None
     check_head_fits(folder / "eagle3", folder)
     for layers in (3, 4, 5, 6, 7, 61):
         ids = kimi_mini.aux_layer_ids(layers)
