@@ -113,3 +113,9 @@ def test_head_that_does_not_fit_the_target_is_refused(tmp_path, change: dict, wo
     (head / "config.json").write_text(json.dumps(good | change))
     with pytest.raises(Refused, match=words):
         check_head_fits(head, target)
+
+
+@pytest.mark.parametrize("site, pool", [("blackwell", 1), ("h200-kimi", 1), ("h200x8-kimi", 1), ("local", 2)])
+def test_sites_whose_server_fills_a_gpu_keep_one_server(site: str, pool: int) -> None:
+    """A kept baseline server beside the option's ran the H200 miniature's B out of memory (2026-12-02)."""
+    assert compose_cfg("+option=B", f"site={site}").server.pool_size == pool
