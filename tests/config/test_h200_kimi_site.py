@@ -161,3 +161,10 @@ def test_a_head_sglang_cannot_load_is_refused_before_launch(tmp_path) -> None:
     (model / "eagle3" / "config.json").write_text(json.dumps(head))
     with pytest.raises(Refused, match="draft_vocab_size"):
         check_head_loads(cfg, model / "eagle3")
+
+
+def test_the_token_pool_is_capped_alike_for_baseline_and_options() -> None:
+    """Sized by the target's 4-layer MLA cell, the EAGLE-3 draft's pool asked for 202.8 GiB on the H200."""
+    for option in ("baseline", "A", "B", "E"):
+        args = build_launch_spec(site(f"+option={option}")).args
+        assert args[args.index("--max-total-tokens") + 1] == "1000000", option
