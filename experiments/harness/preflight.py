@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.errors import Refused  # noqa: F401  (re-exported for the callers)
+from experiments.engines import adapter_for
 from experiments.engines.config import available_on_site, engine_name, forced_patches, sglang_patches_for, site_args
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.tracking.offline_store import URI_PREFIX
@@ -218,7 +219,7 @@ def check_assets(cfg: DictConfig) -> None:
 
 
 def check_head_loads(cfg: DictConfig, head: Path) -> None:
-    from experiments.engines import adapter_for
+    """Refused when the engine cannot load the head's config.json as it is (EngineAdapter.head_config_problems)."""
     problems = adapter_for(engine_name(cfg)).head_config_problems(json.loads((head / "config.json").read_text()))
     if problems:
         raise Refused(f"{engine_name(cfg)} cannot load EAGLE-3 head {head}: " + "; ".join(problems))

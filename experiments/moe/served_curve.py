@@ -121,28 +121,28 @@ def step_table(served_dir: Path | str) -> list[dict]:
     An approximation: it assumes the batch stays full (every step carries `concurrency` sequences), which the
     ramp-up and the tail of a pass break. Phases without a file are skipped (see `missing_phases`)."""
     rows: list[dict] = []
+    full: dict[str, int | None] = {}   # per phase, the unbudgeted B the budgeted rows are compared with
     decode = load_phase(served_dir, "decode")
     if decode:
         rows += [pass_row("decode", 0, None, p, is_partial(decode)) for p in decode.get("passes", [])]
     ngram = load_phase(served_dir, "ngram")
     if ngram:
-        full = unbudgeted([p for c in ngram.get("configs", []) for p in c.get("passes", [])])
-        rows += [pass_row("ngram", cfg["k"], p.get("budget"), p, is_partial(ngram)) | {"unbudgeted": full}
+        full["ngram"] = unbudgeted([p for c in ngram.get("configs", []) for p in c.get("passes", [])])
+        rows += [pass_row("ngram", cfg["k"], p.get("budget"), p, is_partial(ngram))
                  for cfg in ngram.get("configs", []) for p in cfg.get("passes", [])]
     graphs = load_phase(served_dir, "graphs")
     if graphs:
-        full = unbudgeted(graphs.get("configs", []))
-        rows += [pass_row("graphs", graphs.get("k"), cfg["budget"], p, is_partial(graphs)) | {"unbudgeted": full}
+        full["graphs"] = unbudgeted(graphs.get("configs", []))
+        rows += [pass_row("graphs", graphs.get("k"), cfg["budget"], p, is_partial(graphs))
                  for cfg in graphs.get("configs", []) for p in cfg.get("passes", [])]
+    index = {(r["phase"], r["k"], r["budget"], r["concurrency"]): r for r in rows}
     for r in rows:
-        full = r.pop("unbudgeted", None)
-        if r["budget"] is None or r["budget"] == full:
+        ref = index.get((r["phase"], r["k"], full.get(r["phase"]), r["concurrency"]))
+        if r["budget"] is None or ref is None or ref is r:
             continue
-        ref = next((x for x in rows if (x["phase"], x["k"], x["budget"], x["concurrency"])
-                    == (r["phase"], r["k"], full, r["concurrency"])), None)
-        if ref and ref["step_ms"] and r["step_ms"]:
+        if ref["step_ms"] and r["step_ms"]:
             r["step_ms_ratio"] = r["step_ms"] / ref["step_ms"]
-        if ref and ref["tok_s"]:
+        if ref["tok_s"]:
             r["tok_s_ratio"] = r["tok_s"] / ref["tok_s"]
     return rows
 

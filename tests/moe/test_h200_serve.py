@@ -29,7 +29,7 @@ def kimi(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("model_config, site", [("kimi_k25_mini", "h200-kimi"), ("tiny_moe_dsv3", "h200")])
-def test_budget_phases_verify_with_ngram_chains(kimi: Path, model_config: str, site: str, tmp_path: Path) -> None:
+def test_budget_phases_verify_with_ngram_chains(kimi: Path, model_config: str, site: str) -> None:
     spec = h200_serve.launch_spec(args(kimi, model_config, site), "E",
                                   {"num_draft_tokens": 5, **h200_serve.NGRAM, "moe_expert_budget": 64}, [])
     argv = spec.argv
