@@ -150,9 +150,17 @@ def extend_pass(server: Server, prompts: list[dict], telemetry: Path) -> list[di
     return rows
 
 
-def warm(server: Server, prompts: list[dict], max_new_tokens: int) -> None:
-    for p in prompts[:2]:
-        generate(server, p["token_ids"], max_new_tokens)
+def warmup_batches(warmups: list[dict], levels: list[int]) -> list[list[dict]]:
+    """One unrecorded batch per concurrency level, as wide as the level (cycling through the warm-up prompts): a
+    level's first batch pays first-use costs (Triton kernels compiled per batch shape, graph replays) that would
+    otherwise land on the first server's measured pass."""
+    return [[warmups[i % len(warmups)] for i in range(c)] for c in levels]
+
+
+def warm(server: Server, warmups: list[dict], levels: list[int], max_new_tokens: int) -> None:
+    for batch in warmup_batches(warmups, levels):
+        with ThreadPoolExecutor(len(batch)) as pool:
+            list(pool.map(lambda p: generate(server, p["token_ids"], max_new_tokens), batch))
 
 
 def served(spec: LaunchSpec, log: Path, record: dict, body: Callable[[Server], None]) -> None:
@@ -174,9 +182,9 @@ def served(spec: LaunchSpec, log: Path, record: dict, body: Callable[[Server], N
 
 def concurrency_passes(server: Server, a: argparse.Namespace, prompts: list[dict], tel: Path | None, label: str,
                        passes: list[dict], **tags) -> None:
-    """Warm up, then one pass per concurrency level, each tagged, reported and appended as it finishes (a
-    later failure keeps the passes done)."""
-    warm(server, prompts, a.max_new_tokens)
+    """Warm up on prompts never measured, then one pass per concurrency level, each tagged, reported and appended
+    as it finishes (a later failure keeps the passes done)."""
+    warm(server, a.warmups, a.concurrency, a.max_new_tokens)
     for c in a.concurrency:
         chosen = prompts[:max(c, a.pass_prompts)] if a.pass_prompts else prompts
         passes.append({**run_pass(server, chosen, c, a.max_new_tokens, tel), **tags})
@@ -249,6 +257,13 @@ def with_copies(prompts: list[dict], copies: int, vocab: int) -> list[dict]:
     return out
 
 
+def measured_and_warmups(prompts: list[dict], copies: int, vocab: int) -> tuple[list[dict], list[dict]]:
+    """The `copies` measured versions of every prompt, and one more shifted copy kept for warm-ups: a warm-up
+    never shares a prefix with a measured prompt (NGRAM's trie and the radix cache would remember it)."""
+    every = with_copies(prompts, copies + 1, vocab)
+    return every[:copies * len(prompts)], every[copies * len(prompts):]
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -275,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     prompts = json.loads(PROMPTS.read_text())["prompts"]
     prompts = prompts[:a.limit] if a.limit else prompts
-    prompts = with_copies(prompts, a.copies, PROMPT_VOCAB) if a.copies > 1 else prompts
+    prompts, a.warmups = measured_and_warmups(prompts, a.copies, PROMPT_VOCAB)
     a.out.mkdir(parents=True, exist_ok=True)
     run = {"decode": phase_decode, "ngram": phase_ngram, "graphs": phase_graphs}[a.phase]
     t0 = time.time()

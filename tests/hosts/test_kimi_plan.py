@@ -50,7 +50,7 @@ def test_every_runner_step_passes_the_dry_run(tmp_path: Path, store: str) -> Non
     steps = runner_steps()
     assert {s[0] for s in steps} >= {"+option=baseline", "+option=A", "+option=B", "+option=E"}
     for n, step in enumerate(steps):
-        argv = [sys.executable, "-m", "experiments.run", *step,
-                *common_overrides(model, store), "run.dry_run=true", f"hydra.run.dir={tmp_path / f'h{n}'}"]
+        argv = [sys.executable, "-m", "experiments.run", *common_overrides(model, store), *step,
+                "run.dry_run=true", f"hydra.run.dir={tmp_path / f'h{n}'}"]
         out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert out.returncode == 0, (step, out.stdout[-1500:] + out.stderr[-3000:])

@@ -45,3 +45,20 @@ def test_a_setting_sglang_would_not_use_is_refused(kimi: Path) -> None:
     with pytest.raises(Refused, match="spec.ngram.max_bfs_breadth"):
         h200_serve.launch_spec(args(kimi, "kimi_k25_mini", "h200-kimi"), "E",
                                {"num_draft_tokens": 4, **h200_serve.NGRAM_CHAIN}, [])
+
+
+def test_warmups_are_a_copy_never_measured() -> None:
+    base = [{"id": f"p{i}", "token_ids": [i * 10 + j for j in range(6)]} for i in range(5)]
+    measured, warmups = h200_serve.measured_and_warmups(base, 3, h200_serve.PROMPT_VOCAB)
+    assert len(measured) == 15 and len(warmups) == 5
+    assert measured[:5] == base                      # the first copy is the prompts themselves
+    assert not {p["id"] for p in measured} & {p["id"] for p in warmups}
+    firsts = {tuple(p["token_ids"][:2]) for p in measured}
+    assert not firsts & {tuple(p["token_ids"][:2]) for p in warmups}
+
+
+def test_every_level_gets_a_warmup_batch_as_wide_as_itself() -> None:
+    warmups = [{"id": f"w{i}", "token_ids": [i]} for i in range(3)]
+    batches = h200_serve.warmup_batches(warmups, [1, 4, 16])
+    assert [len(b) for b in batches] == [1, 4, 16]
+    assert {p["id"] for p in batches[2]} == {"w0", "w1", "w2"}
