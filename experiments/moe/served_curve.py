@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -41,15 +42,19 @@ def unbudgeted(configs_or_passes: list[dict]) -> int | None:
     return max(budgets) if budgets else None
 
 
-def telemetry_points(passes: list[dict], mode: str) -> list[tuple[int, float, int]]:
-    """(tokens per forward, mean distinct experts per MoE layer, forwards) of every `<mode>@tokens=..` key."""
-    out = []
+def telemetry_keys(passes: list[dict]) -> Iterator[tuple[dict, str, int, int, dict]]:
+    """(pass, mode, tokens per forward, batch size, summary) of every `<mode>@tokens=..@bs=..` telemetry key."""
     for p in passes:
         for key, summary in (p.get("telemetry") or {}).items():
             m = KEY.match(key)
-            if m and m["mode"] == mode and summary.get("forwards"):
-                out.append((int(m["tokens"]), float(summary["mean_distinct"]), int(summary["forwards"])))
-    return out
+            if m:
+                yield p, m["mode"], int(m["tokens"]), int(m["bs"]), summary
+
+
+def telemetry_points(passes: list[dict], mode: str) -> list[tuple[int, float, int]]:
+    """(tokens per forward, mean distinct experts per MoE layer, forwards) of every `<mode>@tokens=..` key."""
+    return [(tokens, float(s["mean_distinct"]), int(s["forwards"]))
+            for _, m, tokens, _, s in telemetry_keys(passes) if m == mode and s.get("forwards")]
 
 
 def curve_points(served_dir: Path | str) -> list[tuple[int, float, int]]:

@@ -29,6 +29,7 @@ from experiments.moe.routing import (
     teacher_continuations,
     token_routing,
 )
+from experiments.moe.served_curve import DECODE, VERIFY, load_phase, telemetry_keys
 from experiments.moe.workload import load as load_prompts
 
 GROWTH_FILE = Path(__file__).with_name("expert_growth.json")
@@ -77,43 +78,38 @@ def growth_curve(points: list[dict]) -> list[dict]:
     return [{"tokens_per_step": t, "mean_distinct": mean(v)} for t, v in sorted(by_tokens.items())]
 
 
+def served_passes(served_dir: Path) -> list[dict]:
+    """Every pass of the served decode and NGRAM phases, each NGRAM pass tagged with its config's k."""
+    passes = []
+    for phase in ("decode", "ngram"):
+        data = load_phase(served_dir, phase) or {}
+        passes += data.get("passes", []) + [p | {"k": c["k"]} for c in data.get("configs", []) for p in c["passes"]]
+    return passes
+
+
 def served_comparison(result: dict, served_dir: Path, model=None) -> dict:
     """Served (H200) distinct experts next to the offline curve at the same tokens per step and batch."""
     offline = {(p["tokens_per_step"], p["concurrency"]): p["mean_distinct"] for p in result["points"]}
-    rows = []
-    for name in ("decode.json", "ngram.json"):
-        f = served_dir / name
-        if not f.exists():
-            continue
-        data = json.loads(f.read_text())
-        passes = data.get("passes", []) + [p | {"k": c["k"]} for c in data.get("configs", []) for p in c["passes"]]
-        for p in passes:
-            if p.get("budget") not in (None, result["num_experts"]):
-                continue
-            for key, s in (p.get("telemetry") or {}).items():
-                if "@tokens=" not in key:
-                    continue
-                mode, tokens, bs = key.split("@")
-                tokens, bs = int(tokens.split("=")[1]), int(bs.split("=")[1])
-                if mode not in ("decode", "target_verify"):
-                    continue
-                rows.append({"mode": mode, "tokens": tokens, "bs": bs, "served": s["mean_distinct"],
-                             "forwards": s["forwards"], "offline": offline.get((tokens, bs))})
-    agree, extend = [], []
-    decode = served_dir / "decode.json"
-    if decode.exists() and model is not None:
+    rows = [{"mode": mode, "tokens": tokens, "bs": bs, "served": s["mean_distinct"], "forwards": s["forwards"],
+             "offline": offline.get((tokens, bs))}
+            for p, mode, tokens, bs, s in telemetry_keys(served_passes(served_dir))
+            if mode in (DECODE, VERIFY) and p.get("budget") in (None, result["num_experts"])]
+    decode = load_phase(served_dir, "decode") or {}
+    extend = []
+    if model is not None and decode.get("extend"):
         texts = {p["id"]: p["token_ids"] + p.get("teacher_ids", []) for p in load_prompts()}
-        for row in json.loads(decode.read_text()).get("extend", []):
+        for row in decode["extend"]:
             routing = token_routing(model, texts[row["id"]])
-            offline = [int(torch.unique(layer[-row["tokens"]:]).numel()) for layer in routing]
-            extend.append({"id": row["id"], "tokens": row["tokens"], "served": row["distinct"], "offline": offline})
-    if decode.exists():
-        for p in json.loads(decode.read_text()).get("passes", []):
-            for r in p["requests"]:
-                ref = result["continuations"].get(r["id"])
-                if ref is not None and r.get("output_ids"):
-                    n = min(len(ref), len(r["output_ids"]))
-                    agree.append(ref[:n] == r["output_ids"][:n])
+            offline_distinct = [int(torch.unique(layer[-row["tokens"]:]).numel()) for layer in routing]
+            extend.append({"id": row["id"], "tokens": row["tokens"], "served": row["distinct"],
+                           "offline": offline_distinct})
+    agree = []
+    for p in decode.get("passes", []):
+        for r in p["requests"]:
+            ref = result["continuations"].get(r["id"])
+            if ref is not None and r.get("output_ids"):
+                n = min(len(ref), len(r["output_ids"]))
+                agree.append(ref[:n] == r["output_ids"][:n])
     return {"rows": rows, "greedy_outputs_identical": (sum(agree), len(agree)), "extend": extend,
             "budget_grid": budget_grid(served_dir)}
 
@@ -121,16 +117,13 @@ def served_comparison(result: dict, served_dir: Path, model=None) -> dict:
 def budget_grid(served_dir: Path) -> list[dict]:
     """Per (k, B, concurrency) of the served NGRAM runs: verify-step distinct experts, accept length, tok/s, and
     the share of requests whose output equals the same server's B = all-experts output."""
-    f = served_dir / "ngram.json"
-    if not f.exists():
-        return []
     out = []
-    for cfg in json.loads(f.read_text()).get("configs", []):
+    for cfg in (load_phase(served_dir, "ngram") or {}).get("configs", []):
         ref = {p["concurrency"]: {r["id"]: r.get("output_ids") for r in p["requests"]}
                for p in cfg["passes"] if p.get("budget") == cfg["passes"][0].get("budget")}
         for p in cfg["passes"]:
             same = [r.get("output_ids") == ref.get(p["concurrency"], {}).get(r["id"]) for r in p["requests"]]
-            verify = (p.get("telemetry") or {}).get("target_verify", {})
+            verify = (p.get("telemetry") or {}).get(VERIFY, {})
             out.append({"k": cfg["k"], "budget": p.get("budget"), "concurrency": p["concurrency"],
                         "distinct_verify": verify.get("mean_distinct"), "tok_s": p["tok_s"],
                         "accept_length": p.get("accept_length_tokens_per_verify"),

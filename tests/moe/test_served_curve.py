@@ -157,3 +157,21 @@ def test_cli_refuses_a_folder_without_results(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "experiments.moe.served_curve", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "none of decode.json" in run.stderr
+
+
+def test_telemetry_comparison_reads_unbudgeted_rows_and_the_budget_grid(tiny_dir: Path) -> None:
+    from experiments.moe import telemetry
+    result = {"points": [], "num_experts": 32, "continuations": {}}
+    out = telemetry.served_comparison(result, tiny_dir)
+    ngram = json.loads((tiny_dir / "ngram.json").read_text())
+    budgeted = sum(1 for c in ngram["configs"] for p in c["passes"] if p.get("budget") not in (None, 32))
+    assert budgeted, "the fixture should hold budgeted passes"
+    verify = [r for r in out["rows"] if r["mode"] == "target_verify"]
+    assert verify and {r["mode"] for r in out["rows"]} == {"decode", "target_verify"}
+    unbudgeted = [p for c in ngram["configs"] for p in c["passes"] if p.get("budget") in (None, 32)]
+    keys = [k for p in unbudgeted for k in p["telemetry"] if k.startswith("target_verify@tokens=")]
+    assert len(verify) == len(keys) and {r["tokens"] for r in verify} == set(_points(unbudgeted, "target_verify"))
+    grid = out["budget_grid"]
+    assert len(grid) == sum(len(c["passes"]) for c in ngram["configs"])
+    assert all(g["identical_to_unbudgeted"] == 1.0 for g in grid if g["budget"] == 32)
+    assert {g["budget"] for g in grid} >= {32, 2}
