@@ -84,6 +84,12 @@ def generate(server: Server, input_ids: list[int], max_new_tokens: int) -> dict:
     return out
 
 
+def generate_all(server: Server, prompts: list[dict], concurrency: int, max_new_tokens: int) -> list[dict]:
+    """Every prompt's response, in order, with at most `concurrency` requests in flight."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda p: generate(server, p["token_ids"], max_new_tokens), prompts))
+
+
 def telemetry_lines(folder: Path) -> int:
     return sum(len(f.read_text().splitlines()) for f in folder.glob("experts-*.jsonl"))
 
@@ -111,8 +117,7 @@ def run_pass(server: Server, prompts: list[dict], concurrency: int, max_new_toke
              telemetry: Path | None) -> dict:
     skip = telemetry_lines(telemetry) if telemetry else 0
     t0 = time.time()
-    with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: generate(server, p["token_ids"], max_new_tokens), prompts))
+    results = generate_all(server, prompts, concurrency, max_new_tokens)
     wall = time.time() - t0
     requests = []
     for p, r in zip(prompts, results, strict=True):
@@ -159,8 +164,7 @@ def warmup_batches(warmups: list[dict], levels: list[int]) -> list[list[dict]]:
 
 def warm(server: Server, warmups: list[dict], levels: list[int], max_new_tokens: int) -> None:
     for batch in warmup_batches(warmups, levels):
-        with ThreadPoolExecutor(len(batch)) as pool:
-            list(pool.map(lambda p: generate(server, p["token_ids"], max_new_tokens), batch))
+        generate_all(server, batch, len(batch), max_new_tokens)
 
 
 def served(spec: LaunchSpec, log: Path, record: dict, body: Callable[[Server], None]) -> None:

@@ -78,23 +78,19 @@ def growth_curve(points: list[dict]) -> list[dict]:
     return [{"tokens_per_step": t, "mean_distinct": mean(v)} for t, v in sorted(by_tokens.items())]
 
 
-def served_passes(served_dir: Path) -> list[dict]:
+def served_passes(decode: dict, ngram: dict) -> list[dict]:
     """Every pass of the served decode and NGRAM phases, each NGRAM pass tagged with its config's k."""
-    passes = []
-    for phase in ("decode", "ngram"):
-        data = load_phase(served_dir, phase) or {}
-        passes += data.get("passes", []) + [p | {"k": c["k"]} for c in data.get("configs", []) for p in c["passes"]]
-    return passes
+    return decode.get("passes", []) + [p | {"k": c["k"]} for c in ngram.get("configs", []) for p in c["passes"]]
 
 
 def served_comparison(result: dict, served_dir: Path, model=None) -> dict:
     """Served (H200) distinct experts next to the offline curve at the same tokens per step and batch."""
     offline = {(p["tokens_per_step"], p["concurrency"]): p["mean_distinct"] for p in result["points"]}
+    decode, ngram = (load_phase(served_dir, phase) or {} for phase in ("decode", "ngram"))
     rows = [{"mode": mode, "tokens": tokens, "bs": bs, "served": s["mean_distinct"], "forwards": s["forwards"],
              "offline": offline.get((tokens, bs))}
-            for p, mode, tokens, bs, s in telemetry_keys(served_passes(served_dir))
+            for p, mode, tokens, bs, s in telemetry_keys(served_passes(decode, ngram))
             if mode in (DECODE, VERIFY) and p.get("budget") in (None, result["num_experts"])]
-    decode = load_phase(served_dir, "decode") or {}
     extend = []
     if model is not None and decode.get("extend"):
         texts = {p["id"]: p["token_ids"] + p.get("teacher_ids", []) for p in load_prompts()}
@@ -111,14 +107,14 @@ def served_comparison(result: dict, served_dir: Path, model=None) -> dict:
                 n = min(len(ref), len(r["output_ids"]))
                 agree.append(ref[:n] == r["output_ids"][:n])
     return {"rows": rows, "greedy_outputs_identical": (sum(agree), len(agree)), "extend": extend,
-            "budget_grid": budget_grid(served_dir)}
+            "budget_grid": budget_grid(ngram)}
 
 
-def budget_grid(served_dir: Path) -> list[dict]:
-    """Per (k, B, concurrency) of the served NGRAM runs: verify-step distinct experts, accept length, tok/s, and
-    the share of requests whose output equals the same server's B = all-experts output."""
+def budget_grid(ngram: dict) -> list[dict]:
+    """Per (k, B, concurrency) of the served NGRAM runs (`ngram.json`): verify-step distinct experts, accept length,
+    tok/s, and the share of requests whose output equals the same server's B = all-experts output."""
     out = []
-    for cfg in (load_phase(served_dir, "ngram") or {}).get("configs", []):
+    for cfg in ngram.get("configs", []):
         ref = {p["concurrency"]: {r["id"]: r.get("output_ids") for r in p["requests"]}
                for p in cfg["passes"] if p.get("budget") == cfg["passes"][0].get("budget")}
         for p in cfg["passes"]:
