@@ -25,10 +25,12 @@ import urllib.request
 
 # Differ between a baseline and a speculative run by construction, so two runs are not compared on them:
 # the speculative settings, and what speculation fixes itself and cannot be pinned without handicapping the
-# baseline (overlap/async scheduling, the KV pool that a draft model shares).
+# baseline (overlap/async scheduling, the KV pool that a draft model shares, and the CUDA-graph batch ceiling a
+# site lowers for speculative runs whose verify graphs do not fit: conf/site/blackwell.yaml cuda_graph_max_bs,
+# decode to 128, verify to 32; the speedup model prices the eager levels above it).
 SPEC_ONLY_PREFIXES = ("speculative_", "spec_", "num_speculative_tokens", "prompt_lookup_")
 INHERENT = frozenset({"disable_overlap_schedule", "async_scheduling", "max_total_num_tokens", "token_capacity",
-                      "max_num_scheduled_tokens"})
+                      "max_num_scheduled_tokens", "cuda_graph_max_bs"})
 
 
 def limits_mismatch(a: dict, b: dict) -> list[str]:

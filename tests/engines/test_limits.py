@@ -108,3 +108,5 @@ def test_limits_mismatch_ignores_what_only_speculation_has_or_fixes_itself() -> 
     assert limits_mismatch(opt, base) == []
     assert limits_mismatch({**opt, "max_running_requests": 48}, base) == ["max_running_requests: 48 vs 16.0"]
     assert limits_mismatch({"max_num_seqs": 4}, {}) == []   # a baseline logged before limits were read back
+    # the box captures a speculative run's graphs to 32 and its baseline's to 128 (conf/site/blackwell.yaml)
+    assert limits_mismatch({**opt, "cuda_graph_max_bs": 32.0}, {**base, "cuda_graph_max_bs": "128.0"}) == []

@@ -3,9 +3,10 @@
 `python -m experiments.analysis.speedup.cli table [--experiment E] [--log]`: predicted vs measured over every
 measured run of a store (experiments/analysis/speedup/fit.py `error_table`); `--log` writes the predictions onto
 runs measured before the model existed.
-`python -m experiments.analysis.speedup.cli box --tokens-per-step 2.4 --k 4 [--expert-curve curve.json]
-[--moe-kernel kimi_kernels.json]`: the Blackwell box's speedup and break-even points
-(experiments/analysis/speedup/model.py `BoxProfile`), the MoE term from distinct experts or a measured kernel curve.
+`python -m experiments.analysis.speedup.cli box [--expert-curve curve.json | --moe-kernel kimi_kernels.json]`: the
+Blackwell box's speedup per option x drafter x k x concurrency as bands from ranged terms, the seed check and the
+sensitivity table (experiments/analysis/speedup/box.py, box_terms.py, box_report.py); MoE distinct experts from
+uniform routing (default) or a measured curve, or the H200's measured kernel times carried over as they are.
 """
 from __future__ import annotations
 
@@ -14,13 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.analysis.speedup.model import (
-    BoxProfile,
-    break_even_concurrency,
-    load_expert_curve,
-    load_moe_time_curve,
-    predict_level,
-)
+from experiments.analysis.speedup.model import load_expert_curve
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,15 +28,15 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--no-replay", action="store_true", help="acceptance from engine counters only")
     t.add_argument("--no-probe", action="store_true", help="extra verified tokens cost as much as extra sequences")
     t.add_argument("--log", action="store_true", help="write predicted_* onto the runs (backfill)")
-    b = sub.add_parser("box", help="predictions for Kimi-K2.5 on the Blackwell box")
-    b.add_argument("--tokens-per-step", type=float, nargs="+", default=[1.5, 2.0, 2.5, 3.0, 3.5])
-    b.add_argument("--k", type=int, default=4)
-    b.add_argument("--draft-step-cost", type=float, default=0.0)
-    b.add_argument("--expert-curve", type=Path, default=None,
-                   help="JSON list (distinct experts at 1, 2, ... tokens) or experiments/moe/expert_growth.json")
-    b.add_argument("--moe-kernel", type=Path, default=None,
-                   help="MoE time vs tokens measured by experiments/moe/kimi_kernels.py (its JSON), at the TP-8 shard")
-    b.add_argument("--moe-shard-n", type=int, default=256)
+    b = sub.add_parser("box", help="speedup bands for Kimi-K2.5 on the Blackwell box, seed check, sensitivity")
+    variant = b.add_mutually_exclusive_group()
+    variant.add_argument("--expert-curve", type=Path, default=None,
+                         help="distinct experts per MoE layer from a measured curve (JSON list or the telemetry file "
+                              "experiments/moe writes, e.g. docs/journal/2026-12-02-h200/kimi_lease2/"
+                              "served_expert_curve.json); default: uniform routing")
+    variant.add_argument("--moe-kernel", type=Path, default=None,
+                         help="MoE time vs tokens as the H200 kernel microbenchmark measured it "
+                              "(experiments/moe/kimi_kernels.py JSON), carried to the box as is (fixed share pinned)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     return ap
 
@@ -78,24 +73,16 @@ def table(args: argparse.Namespace) -> None:
 
 
 def box(args: argparse.Namespace) -> None:
-    curve = load_expert_curve(args.expert_curve, BoxProfile.experts, BoxProfile.top_k) if args.expert_curve else None
-    moe = load_moe_time_curve(args.moe_kernel, args.moe_shard_n) if args.moe_kernel else None
-    profile = BoxProfile(expert_curve=curve, moe_time_curve=moe)
-    base128 = profile.step_ms(profile.plateau_concurrency, 1.0)
-    print(f"box profile: single stream {profile.t1_ms:.2f} ms/step; at c={profile.plateau_concurrency} the components "
-          f"give {base128:.1f} ms/step = {profile.plateau_concurrency * 1000 / base128:.0f} tok/s (measured plateau "
-          f"{profile.plateau_tok_s:.0f}); attention growth {profile.attention_growth:.4f}/seq; AllReduce "
-          f"{profile.allreduce_ms_per_token():.4f} ms and GEMM FLOPs {profile.gemm_compute_ms_per_token():.4f} ms "
-          "per token")
-    print("| tokens/step | " + " | ".join(f"c={c}" for c in args.concurrency) + " | break-even c |")
-    print("|---" * (len(args.concurrency) + 2) + "|")
-    for tau in args.tokens_per_step:
-        cells = [predict_level(profile, c, tau, args.k, 1.0, args.draft_step_cost).speedup for c in args.concurrency]
-        be = break_even_concurrency(profile, tau, args.k, 1.0, args.draft_step_cost)
-        print(f"| {tau:.2f} | " + " | ".join(f"{x:.2f}x" for x in cells) + f" | {be:.0f} |")
-    print(f"break-even tokens per step (all steps drafted, k={args.k}): " + ", ".join(
-        f"c={c}: {predict_level(profile, c, 1.0, args.k, 1.0, args.draft_step_cost).break_even_accept_length:.2f}"
-        for c in args.concurrency))
+    from experiments.analysis.speedup import box as bx
+    from experiments.analysis.speedup.box_report import render
+    if args.expert_curve:
+        curve = load_expert_curve(args.expert_curve, 384, 8)
+        variant = bx.curve_variant(curve, args.expert_curve.name)
+    elif args.moe_kernel:
+        variant = bx.kernel_variant(args.moe_kernel)
+    else:
+        variant = bx.uniform_variant()
+    print(render(variant, tuple(args.concurrency)))
 
 
 def main(argv: list[str] | None = None) -> None:
