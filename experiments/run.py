@@ -7,6 +7,7 @@ and records; experiments.harness.pipeline is the runner of every option that is 
 from __future__ import annotations
 
 import faulthandler
+import inspect
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
+from experiments.analysis.forecast_run import forecast_check, log_forecast
 from experiments.analysis.post_run import log_run_analysis
 from experiments.config import paths
 from experiments.config.views import ConfigError, views_of
@@ -32,7 +34,9 @@ from experiments.harness.workloads.formats import WorkloadError
 SITE_ENV = "SPECWS_SITE"
 LOCAL_SITE = paths.ROOT / "conf" / "local" / "site.yaml"
 # Analysis run on each measured run after its measurement, inside its lifecycle.
-POST_RUN = (log_run_analysis,)
+POST_RUN = (log_run_analysis, forecast_check)
+# Fills the run of `run.forecast=true` (the option's runner asks for it by a `forecaster` argument).
+FORECASTER = log_forecast
 
 
 def experiment(cfg: DictConfig) -> dict:
@@ -47,7 +51,12 @@ def experiment(cfg: DictConfig) -> dict:
     except WorkloadError as exc:
         raise Refused(f"workload {cfg.workload.name}: {exc}") from None
     runner = get_method(cfg.option.runner._target_)
-    return runner(cfg, prepared, post_run=POST_RUN)
+    if not cfg.run.forecast:
+        return runner(cfg, prepared, post_run=POST_RUN)
+    if "forecaster" not in inspect.signature(runner).parameters:
+        raise Refused(f"option {cfg.option.name}'s runner ({cfg.option.runner._target_}) makes no forecast; "
+                      "run.forecast=true is for options that are one measurement")
+    return runner(cfg, prepared, post_run=POST_RUN, forecaster=FORECASTER)
 
 
 def _raise_interrupt(signum, frame):

@@ -15,6 +15,7 @@ class NgramWindow:
     max_match: int
     k: int
     exact: bool   # the engine's drafter is the prompt-lookup rule the replay implements; else a lower bound
+    prompt_tail: int | None = None   # the drafter sees only the prompt's last this many tokens (None: all of it)
 
 
 class Speculation:
@@ -71,14 +72,17 @@ class SGLangSpeculation(Speculation):
     def ngram_window(self, spec: SpecView) -> NgramWindow | None:
         """SGLang's NGRAM drafts a BFS tree from a trie over prompts and outputs of all requests (its C++ cache
         needs a JIT toolchain that does not import on this CPU): approximated by one prompt-lookup chain per
-        request, matches up to max_trie_depth, the tree's num_draft_tokens - 1 tokens as the chain. A chain
-        sees less than the tree and the shared trie, so its replay is a lower bound."""
+        request, matches up to max_trie_depth, the tree's num_draft_tokens - 1 tokens as the chain. The trie never
+        holds a prompt's body: each step inserts the last max_trie_depth tokens of prompt + output
+        (ngram_worker.py `_update_ngram_corpus`, "we will not insert [the extend] for now"), so the chain looks
+        up the prompt's last max_trie_depth tokens and the output. A chain sees less than the tree and the
+        shared trie, so its replay is a lower bound."""
         if spec.method != "ngram":
             return None
         if spec.num_draft_tokens is None:
             raise ValueError("spec.num_draft_tokens not set")
         depth = spec.ngram.get("max_trie_depth") or self.default_trie_depth
-        return NgramWindow(1, int(depth), max(1, spec.num_draft_tokens - 1), exact=False)
+        return NgramWindow(1, int(depth), max(1, spec.num_draft_tokens - 1), exact=False, prompt_tail=int(depth))
 
     def graph_batch_limit(self, args: list[str]) -> int | None:
         for flag in self.graph_batch_flags:

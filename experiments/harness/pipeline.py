@@ -1,6 +1,8 @@
 """The runner of every option that is one measurement (`option.runner` in conf/option/*.yaml): validate the
 command line with the engine's own parser, find or measure the paired baseline, then measure the option.
-Dry runs stop after the validation, with a run that records the launch spec and the workload plan."""
+Dry runs stop after the validation, with a run that records the launch spec and the workload plan. A forecast
+(`run.forecast=true`) stops after the baseline: it logs its own run, filled in by the forecaster the entry point hands
+in, and starts no option server."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -25,6 +27,8 @@ from experiments.tracking.store import flatten, host_fingerprint, log_prompt_dat
 # After each measured run, inside its lifecycle: analysis the entry point hands in (the harness never imports
 # analysis). Called as processor(client, run_id, baseline_run_or_None, engine_name); a failing one leaves a tag.
 PostRun = Callable[..., None]
+# Fills a forecast run: forecaster(client, forecast_run_id, baseline_run, params) -> summary lines to print.
+Forecaster = Callable[..., list[str]]
 _validated: dict[tuple, Validation] = {}
 
 
@@ -40,7 +44,8 @@ def validated_spec(cfg: DictConfig) -> tuple[LaunchSpec, Validation]:
     return spec, result
 
 
-def measure_option(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequence[PostRun] = ()) -> dict:
+def measure_option(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequence[PostRun] = (),
+                   forecaster: Forecaster | None = None) -> dict:
     if not cfg.run.dry_run:
         check_assets(cfg)
     else:  # a dry run only validates the command line (e.g. the box's, from here), in the engine's interpreter
@@ -49,6 +54,8 @@ def measure_option(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequen
     key = pair_key(cfg, validation.version, prepared.digest)
     if cfg.run.dry_run:
         return _dry_run(cfg, spec, validation, key, prepared)
+    if cfg.run.forecast:
+        return forecast_option(cfg, validation, key, prepared, post_run, forecaster)
     baseline = _paired_baseline(cfg, key, prepared, post_run) if cfg.baseline.pair else None
     return run_measured(cfg, spec, validation, key, baseline, prepared, post_run)
 
@@ -62,6 +69,23 @@ def _dry_run(cfg: DictConfig, spec: LaunchSpec, validation: Validation, key: str
     console.print(f"validated by {spec.engine} {validation.version}: {' '.join(spec.argv)}")
     console.print(f"workload {cfg.workload.name}: {prepared.plan.describe()}")
     return {"run_id": run.id}
+
+
+def forecast_option(cfg: DictConfig, validation: Validation, key: str, prepared: PreparedWorkload,
+                    post_run: Sequence[PostRun], forecaster: Forecaster | None) -> dict:
+    """The paired baseline (found or measured), then a forecast run of the option against it; no option server."""
+    if forecaster is None or not cfg.baseline.pair or cfg.spec.method == "none":
+        raise InvalidLaunch("run.forecast=true needs a speculative option paired with a baseline "
+                            "(baseline.pair=true) and a forecaster")
+    baseline = _paired_baseline(cfg, key, prepared, post_run)
+    client, exp_id = setup(cfg)
+    tags = (run_tags(cfg, "forecast", engine_tags(cfg, validation.version)) | {"specws.pair_key": key}
+            | {"specws.baseline_run_id": baseline.info.run_id} | _extra_tags(cfg))
+    name = cfg.run.name or f"{cfg.option.name}-{cfg.workload.name}-forecast"
+    with tracked_run(client, exp_id, name, tags, flatten(cfg)) as run:
+        for line in forecaster(client, run.id, baseline, flatten(cfg)):
+            console.print(line)
+    return {"run_id": run.id, "baseline_run_id": baseline.info.run_id}
 
 
 def _paired_baseline(cfg: DictConfig, key: str, prepared: PreparedWorkload, post_run: Sequence[PostRun]):

@@ -1,0 +1,175 @@
+"""A forecast made before the option runs, from inputs that exist then: a finished baseline's records, the
+acceptance predicted offline on the baseline's outputs (offline_acceptance.py) and the engine's measured step
+costs (stepcost.py).
+
+Per baseline request i at level c (n_i tokens, its TTFT and e2e measured, its own time per decode step
+s_i = (e2e_i - TTFT_i) / (n_i - 1)), the option would take S_i steps of s_i + x(c, q_i) each, where x is the
+profile's excess of a speculative step over a decode step at that concurrency and verify width:
+
+    e2e'_i = TTFT_i + S_i * (s_i + x(c, q_i))        speedup(level) = Σ e2e_i / Σ e2e'_i
+
+(the paired speedup the measurement reports: Σ tokens / Σ e2e of the option over the baseline's, same prompts,
+same tokens under greedy decoding). Prefill and queueing (in TTFT) stay as the baseline measured them. The
+interval resamples the level's requests and draws the step-cost error from the profile's residual on the runs it
+was fitted on, one draw per resample (an error of the profile is common to every request of a level).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from experiments.analysis.runs import RunConfig
+from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
+from experiments.analysis.speedup.stepcost import StepCostProfile
+from experiments.analysis.stats import LOSES, PAYS, UNCLEAR
+
+N_BOOT = 2000
+
+
+class ForecastUnavailable(ValueError):
+    """An input the forecast needs is missing; the message names it."""
+
+
+@dataclass
+class LevelForecast:
+    concurrency: int
+    category: str              # "all" or one category
+    speedup: float
+    low: float
+    high: float
+    verdict: str
+    tokens_per_step: float
+    verified_per_step: float
+    regime: str
+    requests: int
+    baseline_tok_s: float | None = None
+    flag: str = ""
+
+    @property
+    def output_tok_s(self) -> float | None:
+        return None if self.baseline_tok_s is None else self.baseline_tok_s * self.speedup
+
+
+@dataclass
+class Forecast:
+    levels: list[LevelForecast] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def overall(self) -> list[LevelForecast]:
+        return [f for f in self.levels if f.category == "all"]
+
+    def as_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for f in self.levels:
+            p = "forecast_" if f.category == "all" else f"forecast/{f.category}/"
+            out |= {f"{p}speedup_c{f.concurrency}": f.speedup, f"{p}speedup_low_c{f.concurrency}": f.low,
+                    f"{p}speedup_high_c{f.concurrency}": f.high}
+            if f.category == "all":
+                out[f"forecast_tokens_per_step_c{f.concurrency}"] = f.tokens_per_step
+                if f.output_tok_s is not None:
+                    out[f"forecast_output_tok_s_c{f.concurrency}"] = f.output_tok_s
+        return out
+
+    def to_json(self) -> dict:
+        return {"notes": self.notes, "levels": [asdict(f) | {"output_tok_s": f.output_tok_s} for f in self.levels]}
+
+
+def verdict_of(low: float, high: float) -> str:
+    return PAYS if low > 1.0 else LOSES if high < 1.0 else UNCLEAR
+
+
+def verified_per_step(option: RunConfig, steps: RequestSteps) -> float:
+    """Tokens verified per sequence and step: the engine's fixed width, else 1 + the drafted tokens."""
+    fixed = option.verified_per_step
+    if fixed is not None:
+        return fixed
+    spec = option.spec
+    k = spec.num_draft_tokens if spec.method == "ngram" else spec.num_steps
+    return 1.0 + float(k or 0) * steps.drafted_share
+
+
+def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray, scale: float
+            ) -> tuple[np.ndarray, str, str]:
+    """Excess step time per request at level c, the regime's name and a flag."""
+    name, regime = profile.regime(c, option.graph_batch_limit)
+    flag = ""
+    if regime is None:
+        other = "graphs" if name == "eager" else "eager"
+        regime = profile.regimes.get(other)
+        flag = f"c{c}: the {name} regime was never probed, {other}-regime terms used"
+        if regime is None:
+            raise ForecastUnavailable("the step-cost profile has no regime")
+    draft_steps = int(option.spec.num_steps or 0) if option.spec.method == "eagle3" else 0
+    values = [regime.excess_ms(option.spec.method, c, float(q), draft_steps) for q in qs]
+    if any(v is None for v in values):
+        missing = "draft_ms (no EAGLE-3 run probed)" if option.spec.method == "eagle3" else "b_tok_ms"
+        raise ForecastUnavailable(f"the step-cost profile lacks {missing} in the {name} regime")
+    return np.asarray(values, float) * scale / 1000.0, name, flag
+
+
+def forecast_group(rows: list[dict], steps: list[RequestSteps], option: RunConfig, profile: StepCostProfile,
+                   c: int, category: str, scale: float = 1.0, seed: int = 0) -> LevelForecast:
+    n = np.array([len(r["output_token_ids"]) for r in rows], float)
+    e2e = np.array([r["e2e_s"] for r in rows], float)
+    ttft = np.array([r.get("ttft_s") or 0.0 for r in rows], float)
+    s = np.where(n > 1, (e2e - ttft) / np.maximum(n - 1, 1), 0.0)
+    big_s = np.array([st.steps for st in steps], float)
+    qs = np.array([verified_per_step(option, st) for st in steps], float)
+    x, regime, flag = _excess(profile, option, c, qs, scale)
+    e2e_opt = ttft + big_s * (s + x)
+    estimate = float(e2e.sum() / e2e_opt.sum())
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(rows), size=(N_BOOT, len(rows)))
+    noise = 1.0 + rng.normal(0.0, _residual(profile, option, c), size=(N_BOOT, 1))
+    boot_opt = ttft[idx] + big_s[idx] * (s[idx] + x[idx]) * noise
+    boots = e2e[idx].sum(1) / boot_opt.sum(1)
+    lo, hi = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
+    decode = np.array([st.decode_tokens for st in steps], float)
+    return LevelForecast(c, category, estimate, lo, hi, verdict_of(lo, hi), float(decode.sum() / big_s.sum()),
+                         float(qs.mean()), regime, len(rows), flag=flag)
+
+
+def _residual(profile: StepCostProfile, option: RunConfig, c: int) -> float:
+    regime = profile.regime(c, option.graph_batch_limit)[1] or next(iter(profile.regimes.values()))
+    return regime.residual_rel
+
+
+def level_scale(profile: StepCostProfile, base_rows: list[dict], option: RunConfig, c: int) -> float:
+    """The forecast baseline's decode step over the profile's at level c (1 where the profile has none): the
+    excess scales with the host's speed when the profile was probed on another lease of the same site."""
+    regime = profile.regime(c, option.graph_batch_limit)[1]
+    fitted = regime.decode_ms(c) if regime is not None else None
+    gaps = [b - a for r in base_rows for a, b in zip(r.get("chunk_times_s") or [], (r.get("chunk_times_s") or [])[1:],
+                                                      strict=False)]
+    if not fitted or len(gaps) < 20:
+        return 1.0
+    g = np.asarray(gaps)
+    measured = 1000.0 * float(g[g < 10 * np.median(g)].mean())
+    return measured / fitted
+
+
+def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: list[RequestSteps],
+             option: RunConfig, profile: StepCostProfile, scaled: bool = False) -> Forecast:
+    """Per level (and category) of the baseline: the option's predicted speedup with an interval."""
+    rows = finished(base_records)
+    if len(rows) != len(steps):
+        raise ForecastUnavailable(f"{len(steps)} offline estimates for {len(rows)} baseline requests")
+    out = Forecast()
+    by_level: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_level.setdefault(int(r.get("concurrency") or 1), []).append(i)
+    for c, idx in sorted(by_level.items()):
+        scale = level_scale(profile, [rows[i] for i in idx], option, c) if scaled else 1.0
+        groups = {"all": idx}
+        for i in idx:
+            groups.setdefault(str(rows[i].get("category") or "?"), []).append(i)
+        for cat, members in groups.items():
+            if cat != "all" and len(groups) == 2:
+                continue   # one category: its row is the level's
+            f = forecast_group([rows[i] for i in members], [steps[i] for i in members], option, profile, c, cat,
+                               scale)
+            if cat == "all":
+                f.baseline_tok_s = base_metrics.get(f"output_tok_s_c{c}")
+            out.levels.append(f)
+    return out

@@ -1,0 +1,243 @@
+"""The forecast validated on every clean recorded option run in the repository, leave one lease out:
+
+    python -m experiments.analysis.speedup.validate [--journal docs/journal] [--write FILE] [--json FILE]
+
+Each lease's store (`runs.tar.gz` under docs/journal/, one per lease; a lease's `probe.tar.gz` feeds step costs only)
+is opened as an offline store. For every finished option run whose contamination check is clean and whose paired
+baseline is in the same lease, the forecast (experiments/analysis/speedup/forecast.py) is made from what existed
+before it ran: the baseline's records, the acceptance offline on the baseline's outputs, and a step-cost profile
+fitted on the same engine, model and site in the *other* leases only. It is compared with the paired speedup the run
+measured (with its 95 % interval). Prints one row per run and level, then the mean |error| and the verdict agreement
+over the levels the measurement decides (interval clear of 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from experiments.analysis.categories import accept_length_of, acceptor
+from experiments.analysis.contamination import check_contamination
+from experiments.analysis.runs import run_config
+from experiments.analysis.speedup.forecast import ForecastUnavailable, forecast
+from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, offline_steps
+from experiments.analysis.speedup.stepcost import fit_profile, key_of, level_steps
+from experiments.analysis.stats import UNCLEAR, paired_speedup, prompt_totals, verdict
+from experiments.config.paths import ROOT, cache_dir
+from experiments.tracking.offline_store import OfflineClient
+from experiments.tracking.records import run_records
+
+MEASURED = "tags.`specws.mode` = 'measure' and attributes.status = 'FINISHED'"
+COMMITTED_HEADS = ROOT / "experiments" / "eagle3" / "artifacts"
+OFFLINE: dict = {}   # offline acceptance per (lease, baseline, speculation): a head's evaluation takes ~30 s
+
+
+@dataclass
+class Lease:
+    name: str
+    folder: Path                       # the journal folder the store came from
+    client: OfflineClient
+    runs: list = field(default_factory=list)
+    probe_only: bool = False           # a probe store: step costs, never a validation row
+
+
+def open_store(tarball: Path, name: str) -> OfflineClient:
+    dest = cache_dir() / "validation" / name
+    marker = dest / ".from"
+    stamp = f"{tarball.resolve()} {tarball.stat().st_mtime_ns}"
+    if not marker.exists() or marker.read_text() != stamp:
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(tarball) as tar:
+            tar.extractall(dest, filter="data")
+        marker.write_text(stamp)
+    roots = [p for p in dest.iterdir() if p.is_dir()]
+    return OfflineClient(roots[0])
+
+
+def leases(journal: Path) -> list[Lease]:
+    out = []
+    for tarball in sorted(journal.rglob("*.tar.gz")):
+        if tarball.name not in ("runs.tar.gz", "probe.tar.gz"):
+            continue
+        folder = tarball.parent
+        name = str(folder.relative_to(journal)).replace("/", "_") + ("-probe" if tarball.name == "probe.tar.gz" else "")
+        client = open_store(tarball, name)
+        runs = [client.get_run(i) for i in client.run_ids()]
+        measured = [r for r in runs if r.data.tags.get("specws.mode") == "measure" and r.info.status == "FINISHED"]
+        out.append(Lease(name, folder, client, measured, tarball.name == "probe.tar.gz"))
+    return out
+
+
+def lease_group(run) -> tuple[str, str, str]:
+    key = key_of(run)
+    return key.engine, key.model, key.site
+
+
+def local_model(params: dict[str, str]) -> str | None:
+    """The target's weights here: the cache's folder of the same name as the run's model path."""
+    path = cache_dir() / "models" / Path(params.get("model.path") or "").name
+    return str(path) if (path / "config.json").exists() else None
+
+
+def local_head(lease: Lease, params: dict[str, str]) -> str | None:
+    """The head a lease served, here: the committed head by name, or a lease's own head whose metadata
+    (specws_eagle3.json in the lease's journal folder) equals a committed head's; else None."""
+    name = Path(params.get("spec.draft_model") or "").name
+    for committed in COMMITTED_HEADS.iterdir():
+        same_name = name in (committed.name, f"{committed.name}-sglang")
+        meta = lease.folder / "specws_eagle3.json"
+        same_meta = meta.exists() and json.loads(meta.read_text()) == json.loads(
+            (committed / "specws_eagle3.json").read_text())
+        if same_name or same_meta:
+            local = cache_dir() / "eagle3" / "heads" / (committed.name + ("-sglang" if name.endswith("-sglang")
+                                                                          else ""))
+            return str(local) if (local / "config.json").exists() else None
+    return None
+
+
+def contamination(client, run, records: list[dict]) -> str:
+    tag = run.data.tags.get("specws.contamination")
+    if tag:
+        return tag
+    check = check_contamination(records, accept_length_of(acceptor(run_config(run).engine)))
+    return check.as_tag()
+
+
+def validation_rows(all_leases: list[Lease], scaled: bool = False) -> tuple[list[dict], list[dict]]:
+    """(rows per run and level, runs not forecast with the reason)."""
+    steps_by_lease = {lz.name: level_steps(lz.client, lz.runs, lz.name) for lz in all_leases}
+    rows, skipped = [], []
+    for lease in all_leases:
+        if lease.probe_only:
+            continue
+        by_id = {r.info.run_id: r for r in lease.runs}
+        for run in lease.runs:
+            config = run_config(run)
+            if not config.spec.speculative:
+                continue
+            row = {"lease": lease.name, "run": run.info.run_id[:8], "option": config.option,
+                   "workload": config.workload, "method": config.spec.method,
+                   "k": config.spec.num_draft_tokens if config.spec.method == "ngram" else config.spec.num_steps}
+            try:
+                rows += run_rows(lease, run, by_id, all_leases, steps_by_lease, row, scaled)
+            except (ForecastUnavailable, AcceptanceUnavailable) as exc:
+                skipped.append(row | {"reason": str(exc)})
+    return rows, skipped
+
+
+def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_lease: dict, row: dict,
+             scaled: bool) -> list[dict]:
+    config = run_config(run)
+    base = by_id.get(config.baseline_run_id or "")
+    if base is None:
+        raise ForecastUnavailable("its paired baseline is not in the lease's store")
+    records, base_records = run_records(lease.client, run.info.run_id), run_records(lease.client, base.info.run_id)
+    if not records or not base_records:
+        raise ForecastUnavailable("no records")
+    clean = contamination(lease.client, run, records)
+    if not clean.startswith("clean"):
+        raise ForecastUnavailable(f"contamination check: {clean}")
+    group = lease_group(run)
+    others = [s for lz in all_leases if lz.name != lease.name for s in steps_by_lease[lz.name]
+              if lz.runs and any(r.info.run_id == s.run_id and lease_group(r) == group for r in lz.runs)]
+    if not others:
+        raise ForecastUnavailable(f"no other lease measured step costs of {'/'.join(group)}")
+    profile = fit_profile(key_of(base), others, config.graph_batch_limit)
+    params = dict(run.data.params)
+    params["model.path"] = local_model(params) or ""
+    if config.spec.method == "eagle3":
+        head = local_head(lease, params)
+        if head is None:
+            raise ForecastUnavailable(f"the EAGLE-3 head it served ({params.get('spec.draft_model')}) is not here")
+        config = replace(config, spec=replace(config.spec, draft_model=head))
+    memo = (lease.name, base.info.run_id, repr(config.spec))
+    if memo not in OFFLINE:
+        OFFLINE[memo] = offline_steps(base_records, config, params)[0]
+    steps = OFFLINE[memo]
+    result = forecast(base_records, base.data.metrics, steps, config, profile, scaled)
+    out = []
+    for f in result.overall():
+        c = f.concurrency
+        m = paired_speedup(prompt_totals([r for r in records if r.get("concurrency") == c]),
+                           prompt_totals([r for r in base_records if r.get("concurrency") == c]))
+        out.append(row | {"c": c, "forecast": f.speedup, "forecast_low": f.low, "forecast_high": f.high,
+                          "forecast_verdict": f.verdict, "measured": m.estimate, "measured_low": m.low,
+                          "measured_high": m.high, "measured_verdict": verdict(m), "tokens_per_step": f.tokens_per_step,
+                          "measured_tokens_per_step": run.data.metrics.get(f"accept_length_c{c}"),
+                          "regime": f.regime, "error": f.speedup / m.estimate - 1.0,
+                          "profile_leases": ",".join(profile.leases), "flag": f.flag})
+    return out
+
+
+def summary(rows: list[dict]) -> dict[str, float]:
+    errs = np.array([abs(r["error"]) for r in rows])
+    decided = [r for r in rows if r["measured_verdict"] != UNCLEAR]
+    agree = [r for r in decided if r["forecast_verdict"] == r["measured_verdict"]]
+    wrong = [r for r in decided if r["forecast_verdict"] not in (r["measured_verdict"], UNCLEAR)]
+    return {"rows": len(rows), "mean_abs_error": float(errs.mean()) if len(errs) else float("nan"),
+            "median_abs_error": float(np.median(errs)) if len(errs) else float("nan"),
+            "decided": len(decided), "agree": len(agree), "opposite": len(wrong),
+            "forecast_inconclusive": len(decided) - len(agree) - len(wrong)}
+
+
+def markdown(rows: list[dict], skipped: list[dict], s: dict[str, float]) -> list[str]:
+    lines = ["| lease | run | option | workload | k | c | tokens/step forecast / measured | forecast | measured | "
+             "error | verdicts (forecast / measured) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mt = r["measured_tokens_per_step"]
+        lines.append(f"| {r['lease']} | {r['run']} | {r['option']} {r['method']} | {r['workload']} | {r['k']} | "
+                     f"{r['c']} | {r['tokens_per_step']:.2f} / {'-' if mt is None else f'{mt:.2f}'} | "
+                     f"{r['forecast']:.2f} [{r['forecast_low']:.2f}, {r['forecast_high']:.2f}] | "
+                     f"{r['measured']:.2f} [{r['measured_low']:.2f}, {r['measured_high']:.2f}] | "
+                     f"{100 * r['error']:+.0f} % | {r['forecast_verdict']} / {r['measured_verdict']} |")
+    lines += ["", f"{s['rows']} levels: mean |error| {100 * s['mean_abs_error']:.1f} %, median "
+              f"{100 * s['median_abs_error']:.1f} %; of {s['decided']} levels the measurement decides, the forecast "
+              f"agrees on {s['agree']}, says the opposite on {s['opposite']}, is inconclusive on "
+              f"{s['forecast_inconclusive']}"]
+    lines += ["", "Not forecast:"] + [f"- {r['lease']} {r['run']} {r['option']} {r['workload']} k={r['k']}: "
+                                      f"{r['reason']}" for r in skipped]
+    return lines
+
+
+BEGIN, END = "<!-- generated by experiments.analysis.speedup.validate -->", "<!-- end of generated part -->"
+
+
+def write_generated(path: Path, table: list[str]) -> None:
+    """Replace what lies between the markers (or append them) and keep the hand-written text around them."""
+    text = path.read_text() if path.exists() else ""
+    block = "\n".join([BEGIN, *table, END])
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text + ("\n" if text else "") + block + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.analysis.speedup.validate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--journal", type=Path, default=ROOT / "docs" / "journal")
+    ap.add_argument("--scaled", action="store_true",
+                    help="scale the profile's excess by this baseline's decode step over the profile's")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    ap.add_argument("--write", type=Path, default=None,
+                    help="replace the generated part of this markdown file (docs/reference/forecast-validation.md)")
+    a = ap.parse_args(argv)
+    rows, skipped = validation_rows(leases(a.journal), a.scaled)
+    s = summary(rows)
+    table = markdown(rows, skipped, s)
+    print("\n".join(table))
+    if a.write:
+        write_generated(a.write, table)
+    if a.json:
+        a.json.write_text(json.dumps({"summary": s, "rows": rows, "skipped": skipped}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""Step-cost profiles and the forecast made from them (experiments/analysis/speedup/stepcost.py, forecast.py):
+runs whose records the workspace client wrote against the loopback server streaming SGLang /generate events on a
+known step schedule, logged into a temporary MLflow store; the fit must recover the schedule per CUDA-graph regime,
+and a forecast from the baseline's records must land where the schedule puts the option."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_fixed
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from experiments.analysis.runs import run_config
+from experiments.analysis.speedup.forecast import ForecastUnavailable, forecast
+from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
+from experiments.analysis.speedup.stepcost import (
+    ProfileMissing,
+    StepCostProfile,
+    find_profile,
+    fit_profile,
+    key_of,
+    level_steps,
+    save_profile,
+)
+from experiments.engines.sglang_engine import SGLangAdapter
+from experiments.harness.summary import summarize
+from experiments.tracking.records import run_records
+from tests.helpers.loopback_server import start_loopback
+
+T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: decode step, speculative-step overhead, per token, per draft
+CAP = 1                                            # CUDA-graph batch limit: level 2 runs in the eager regime
+TOKENS = 48
+
+
+def step_ms(q: int, draft_steps: int = 0) -> float:
+    return T1 + (OVERHEAD + B_TOK * (q - 1) if q > 1 else 0.0) + DRAFT * draft_steps
+
+
+def log_run(client: MlflowClient, exp: str, tmp: Path, name: str, params: dict, itl_ms: float, per_event: int,
+            baseline_id: str | None = None) -> str:
+    server = start_loopback(ttft_ms=5.0, itl_ms=itl_ms, tokens_per_event=per_event)
+    path = tmp / f"records-{name}.jsonl"
+    try:
+        levels = run_fixed(server, SGLangAdapter(), TOKENS, path, {f"p{i}": [100 + i, 1, 2] for i in range(4)},
+                           [1, 2])
+    finally:
+        server.stop()
+    tags = {"specws.mode": "measure", "specws.option": name, "specws.workload": "loopback", "specws.site": "loop",
+            "specws.model": "tiny", "specws.engine_version": "0.5.14",
+            **({"specws.baseline_run_id": baseline_id} if baseline_id else {})}
+    run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
+    args = str(["--cuda-graph-max-bs-decode", str(CAP)])
+    for k, v in {"engine.name": "sglang", "spec.method": "none", "site.engine_args.sglang": args, **params}.items():
+        client.log_param(run_id, k, v)
+    metrics = summarize(levels, SGLangAdapter()).metrics
+    client.log_batch(run_id, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
+    client.log_artifact(run_id, str(path), "records")
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[MlflowClient, str, dict[str, str]]:
+    tmp = tmp_path_factory.mktemp("stepcost")
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    exp = client.create_experiment("tiny@loop", artifact_location=str(tmp / "artifacts"))
+    ids = {"base": log_run(client, exp, tmp, "baseline", {}, step_ms(1), 1)}
+    for k in (2, 4, 8):
+        params = {"spec.method": "ngram", "spec.num_draft_tokens": str(k)}
+        ids[f"ngram{k}"] = log_run(client, exp, tmp, f"ngram{k}", params, step_ms(k), 2, ids["base"])
+    for steps in (1, 3):
+        params = {"spec.method": "eagle3", "spec.num_steps": str(steps), "spec.topk": "1",
+                  "spec.num_draft_tokens": str(steps + 1)}
+        ids[f"eagle{steps}"] = log_run(client, exp, tmp, f"eagle{steps}", params, step_ms(steps + 1, steps), 2,
+                                       ids["base"])
+    return client, exp, ids
+
+
+def profile_of(client, exp, ids, exclude=()) -> StepCostProfile:
+    runs = [r for r in client.search_runs([exp]) if r.info.run_id not in exclude]
+    return fit_profile(key_of(client.get_run(ids["base"])), level_steps(client, runs, "loop"), CAP)
+
+
+def test_fit_recovers_the_schedule_in_each_regime(store) -> None:
+    client, exp, ids = store
+    profile = profile_of(client, exp, ids)
+    assert set(profile.regimes) == {"graphs", "eager"} and profile.graph_cap == CAP
+    assert profile.regime(1)[0] == "graphs" and profile.regime(2)[0] == "eager"
+    # the loopback streams each request on its own schedule whatever the batch: at c = 2 the per-token term
+    # b_tok * c * (q - 1) carries the schedule's B_TOK with c = 2
+    for c, name in ((1, "graphs"), (2, "eager")):
+        regime = profile.regimes[name]
+        assert regime.decode_ms(c) == pytest.approx(T1, rel=0.1)
+        assert regime.b_tok_ms * c == pytest.approx(B_TOK, abs=0.3)
+        assert regime.over_ms == pytest.approx(OVERHEAD, abs=0.8)
+        assert regime.draft_ms == pytest.approx(DRAFT, abs=0.35)
+        assert regime.excess_ms("ngram", c, 4) == pytest.approx(OVERHEAD + 3 * B_TOK, abs=0.6)
+        assert regime.excess_ms("eagle3", c, 4, 3) == pytest.approx(step_ms(4, 3) - T1, abs=0.8)
+        assert regime.residual_rel < 0.1
+
+
+def test_profile_round_trips_and_is_found_by_key(store, tmp_path) -> None:
+    client, exp, ids = store
+    profile = profile_of(client, exp, ids)
+    path = save_profile(profile, tmp_path)
+    again = StepCostProfile.from_json(json.loads(path.read_text()))
+    assert again.to_json() == profile.to_json()
+    found, note = find_profile(profile.key, tmp_path)
+    assert found.to_json() == profile.to_json() and path.name in note
+    other = type(profile.key)("vllm", "0.32.0", "tiny", "loop", "x")
+    with pytest.raises(ProfileMissing, match="vllm-0.32.0-tiny-loop"):
+        find_profile(other, tmp_path)
+
+
+def test_forecast_from_the_baseline_lands_on_the_schedule(store) -> None:
+    """The baseline's records + 2 tokens per step + the profile fitted without the option's own run: the
+    forecast is the schedule's e2e ratio, and the measured option run (2 tokens per event) agrees within 10 %."""
+    client, exp, ids = store
+    base = client.get_run(ids["base"])
+    records = run_records(client, ids["base"])
+    for name in ("ngram4", "eagle3"):
+        option = client.get_run(ids[name])
+        profile = profile_of(client, exp, ids, exclude=(ids[name],))
+        steps = [RequestSteps(len(r["output_token_ids"]) - 1, (len(r["output_token_ids"]) - 1) / 2, 1.0)
+                 for r in finished(records)]
+        result = forecast(records, base.data.metrics, steps, run_config(option), profile)
+        for f in result.overall():
+            measured = option.data.metrics[f"output_tok_s_c{f.concurrency}"] / base.data.metrics[
+                f"output_tok_s_c{f.concurrency}"]
+            assert f.speedup == pytest.approx(measured, rel=0.1), (name, f)
+            assert f.low <= f.speedup <= f.high
+            assert f.regime == ("graphs" if f.concurrency <= CAP else "eager")
+
+
+def test_forecast_refuses_without_the_terms_it_needs(store) -> None:
+    client, exp, ids = store
+    records = run_records(client, ids["base"])
+    base = client.get_run(ids["base"])
+    only_ngram = profile_of(client, exp, ids, exclude=(ids["eagle1"], ids["eagle3"]))
+    steps = [RequestSteps(len(r["output_token_ids"]) - 1, 10.0, 1.0) for r in finished(records)]
+    with pytest.raises(ForecastUnavailable, match="draft_ms"):
+        forecast(records, base.data.metrics, steps, run_config(client.get_run(ids["eagle3"])), only_ngram)
+    with pytest.raises(ForecastUnavailable, match="offline estimates"):
+        forecast(records, base.data.metrics, steps[:-1], run_config(client.get_run(ids["ngram4"])), only_ngram)
