@@ -96,7 +96,8 @@ def forecast_errors(forecast_metrics: dict[str, float], option_records: list[dic
         measured = paired_speedup(prompt_totals([r for r in option_records if r.get("concurrency") == c]),
                                   prompt_totals([r for r in baseline_records if r.get("concurrency") == c])).estimate
         low, high = forecast_metrics[f"forecast_speedup_low_c{c}"], forecast_metrics[f"forecast_speedup_high_c{c}"]
-        out |= {f"forecast_speedup_c{c}": predicted, f"forecast_error_c{c}": predicted / measured - 1.0,
+        out |= {f"forecast_speedup_c{c}": predicted, f"forecast_speedup_low_c{c}": low,
+                f"forecast_speedup_high_c{c}": high, f"forecast_error_c{c}": predicted / measured - 1.0,
                 f"forecast_covered_c{c}": float(low <= measured <= high)}
     return out
 
