@@ -1,6 +1,7 @@
 """Decision report for a sweep or a set of runs: speedup vs concurrency per option against its baseline,
-95 % confidence intervals, the speedup model's prediction beside each measurement, a verdict per option,
-per-category rows, and a contamination flag per run.
+95 % confidence intervals, the forecast made before the option ran (run.forecast=true) with its interval and its
+error against the measurement, the post-hoc speedup model (evaluated with the run's own acceptance) beside each
+measurement, a verdict per option, per-category rows, and a contamination flag per run.
 
 `python -m experiments.analysis.report <experiment name | parent run id> [--tracking-uri URI] [--out DIR]`
 
@@ -32,6 +33,7 @@ from scipy import stats
 
 from experiments.analysis.categories import ALL, accept_length_of, acceptor, category_rows
 from experiments.analysis.contamination import check_contamination
+from experiments.analysis.report_figure import figure
 from experiments.analysis.report_html import page
 from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.fit import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
@@ -47,6 +49,11 @@ class ReportInputError(ValueError):
     """Nothing to report on; nothing was written."""
 
 
+def verdict_of(low: float, high: float) -> str:
+    """Pays: the interval lies above 1; does not pay: below 1; inconclusive: it straddles 1."""
+    return "pays" if low > 1.0 else "does not pay" if high < 1.0 else "inconclusive"
+
+
 @dataclass
 class Point:
     concurrency: int
@@ -54,11 +61,52 @@ class Point:
     low: float
     high: float
     ci: str                     # how the interval was made
-    predicted: float | None
+    predicted: float | None     # the post-hoc model, evaluated after the run with the run's own acceptance
     runs: int
     logged: float | None = None           # the runs' logged wall-clock speedup (mean)
     prompts: int = 0
     to_decide: int | None = None          # prompts that would settle an inconclusive point
+    forecast: float | None = None         # the forecast made before the run (mean over the runs that carry one)
+    forecast_low: float | None = None     # its 95 % interval (means of the runs' bounds)
+    forecast_high: float | None = None
+    forecast_error: float | None = None   # forecast / speedup - 1, against this point's pooled paired speedup
+    forecasts: int = 0                    # runs that carried a forecast
+
+    @property
+    def verdict(self) -> str:
+        return verdict_of(self.low, self.high)
+
+    @property
+    def forecast_verdict(self) -> str | None:
+        """The forecast's own verdict from its interval; None without a forecast or without its interval."""
+        if self.forecast_low is None or self.forecast_high is None:
+            return None
+        return verdict_of(self.forecast_low, self.forecast_high)
+
+    def as_json(self) -> dict:
+        return vars(self) | {"verdict": self.verdict, "forecast_verdict": self.forecast_verdict}
+
+
+def _model_odd(p: Point) -> bool:
+    """The post-hoc model cannot explain the measurement: outside its interval and > 25 % away."""
+    return (p.predicted is not None and not p.low <= p.predicted <= p.high
+            and abs(p.predicted - p.speedup) > 0.25 * p.speedup)
+
+
+def _disagreements(points: dict[int, Point]) -> list[str]:
+    """Where the forecast's verdict is not the measured one; where the post-hoc model cannot explain the point."""
+    parts = []
+    told = [f"{c} (forecast {p.forecast:.2f}x [{p.forecast_low:.2f}, {p.forecast_high:.2f}] {p.forecast_verdict}, "
+            f"measured {p.speedup:.2f}x {p.verdict})" for c, p in sorted(points.items())
+            if p.forecast_verdict is not None and p.forecast_verdict != p.verdict]
+    if told:
+        parts.append(f"forecast disagrees at c={', '.join(told)}")
+    # a measurement the model cannot explain is a cue to look at the pairing (a baseline measured on a busy
+    # machine) before trusting the verdict
+    odd = [f"{c} ({p.predicted:.2f}x)" for c, p in sorted(points.items()) if _model_odd(p)]
+    if odd:
+        parts.append(f"post-hoc model disagrees at c={', '.join(odd)}: check the baseline pairing")
+    return parts
 
 
 @dataclass
@@ -74,24 +122,15 @@ class OptionSeries:
         return any(tag.startswith("contaminated") for tag in self.contamination.values())
 
     def verdict(self) -> str:
-        pays = [c for c, p in sorted(self.points.items()) if p.low > 1.0]
-        loses = [c for c, p in sorted(self.points.items()) if p.high < 1.0]
-        unclear = [c for c in sorted(self.points) if c not in pays and c not in loses]
-        parts = []
-        if pays:
-            parts.append(f"pays at c={','.join(map(str, pays))}")
-        if loses:
-            parts.append(f"does not pay at c={','.join(map(str, loses))}")
-        if unclear:
-            parts.append(f"inconclusive at c={','.join(map(str, unclear))}")
-        # a measurement the model cannot explain (outside its interval, > 25 % away) is a cue to look at
-        # the pairing (a baseline measured on a busy machine) before trusting the verdict
-        odd = [f"{c} ({p.predicted:.2f}x)" for c, p in sorted(self.points.items()) if p.predicted is not None
-               and not p.low <= p.predicted <= p.high and abs(p.predicted - p.speedup) > 0.25 * p.speedup]
-        if odd:
-            parts.append(f"model disagrees at c={', '.join(odd)}: check the baseline pairing")
+        levels: dict[str, list[int]] = defaultdict(list)
+        for c, p in sorted(self.points.items()):
+            levels[p.verdict].append(c)
+        parts = [f"{v} at c={','.join(map(str, levels[v]))}" for v in ("pays", "does not pay", "inconclusive")
+                 if levels[v]]
+        parts += _disagreements(self.points)
         if self.contaminated:
             return f"{CONTAMINATED}: measured " + "; ".join(parts)
+        pays, loses = bool(levels["pays"]), bool(levels["does not pay"])
         head = "pays" if pays and not loses else "does not pay" if loses and not pays else "depends"
         return f"{head}: " + "; ".join(parts)
 
@@ -219,8 +258,27 @@ def _series(label: str, workload: str, runs: list, by_id: dict, records: Records
         row = next((r for r in rows if r["category"] == ALL and r["concurrency"] == c), None)
         per_run = [r["speedup"] for rr in single for r in rr if r["category"] == ALL and r["concurrency"] == c]
         preds = [p[f"predicted_speedup_c{c}"] for p in predictions.values() if f"predicted_speedup_c{c}" in p]
-        s.points[c] = _point(c, row, per_run, logged, float(np.mean(preds)) if preds else None)
+        s.points[c] = _with_forecast(_point(c, row, per_run, logged, float(np.mean(preds)) if preds else None),
+                                     runs)
     return s
+
+
+def _mean_of(found: list[list[float | None]], i: int) -> float | None:
+    values = [f[i] for f in found]
+    return float(np.mean(values)) if all(v is not None for v in values) else None
+
+
+def _with_forecast(p: Point, runs: list) -> Point:
+    """The point with the forecast its runs carry (forecast_check's forecast_speedup[_low|_high]_c<c>): the mean
+    over the runs that carry one, its error against the point's own measured speedup."""
+    c = p.concurrency
+    keys = [f"forecast_speedup{part}_c{c}" for part in ("", "_low", "_high")]
+    found = [[run.data.metrics.get(k) for k in keys] for run in runs if keys[0] in run.data.metrics]
+    if not found:
+        return p
+    p.forecast, p.forecast_low, p.forecast_high = (_mean_of(found, i) for i in range(3))
+    p.forecast_error, p.forecasts = p.forecast / p.speedup - 1.0, len(found)
+    return p
 
 
 def build_series(client, options: list, all_runs: list) -> list[OptionSeries]:
@@ -251,45 +309,6 @@ def _prediction(run, base, ngram: dict, slopes: dict) -> dict:
                            b_tok_ms=probe_b_tok(slopes, exclude=run.info.run_id))
     except PredictionUnavailable:
         return {}
-
-
-def figure(series: list[OptionSeries], title: str):
-    from experiments.tracking.plots import plt
-    workloads = sorted({s.workload for s in series})
-    ncols = min(2, len(workloads))
-    nrows = -(-len(workloads) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 4.8 * nrows), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax in axes.flat[len(workloads):]:
-        ax.set_visible(False)
-    for ax, workload in zip(axes.flat, workloads, strict=False):
-        mine = [s for s in series if s.workload == workload]
-        levels = sorted({c for s in mine for c in s.points})
-        for i, s in enumerate(mine):
-            color = colors[i % len(colors)]
-            cs = sorted(s.points)
-            x = np.array(cs, dtype=float) * (1.0 + 0.04 * (i - (len(mine) - 1) / 2))  # side by side
-            y = np.array([s.points[c].speedup for c in cs])
-            err = np.array([[y[j] - s.points[c].low for j, c in enumerate(cs)],
-                            [s.points[c].high - y[j] for j, c in enumerate(cs)]])
-            label = s.label + (" [contaminated]" if s.contaminated else "")
-            ax.errorbar(x, y, yerr=np.clip(err, 0, None), fmt="o:" if s.contaminated else "o-", color=color,
-                        capsize=4, label=label)
-            pred = [(xj, s.points[c].predicted) for xj, c in zip(x, cs, strict=True) if s.points[c].predicted]
-            if pred:
-                ax.plot(*zip(*pred, strict=True), "D", mfc="none", color=color, ms=9,
-                        label=f"{s.label} (model)")
-        ax.axhline(1.0, color="gray", ls="--", lw=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel("speedup vs baseline (output tok/s)")
-        ax.set_title(f"{workload}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{title}: measured (95 % CI) and predicted (hollow diamonds)")
-    fig.tight_layout()
-    return fig
 
 
 def _since_ms(text: str) -> int:
@@ -339,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     html_path.write_text(page(series, buf.getvalue(), title))
     verdicts = {f"{s.label} | {s.workload}": {
         "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,
-        "points": {c: vars(p) for c, p in s.points.items()}, "categories": s.categories} for s in series}
+        "points": {c: p.as_json() for c, p in s.points.items()}, "categories": s.categories} for s in series}
     if parent is not None:  # a sweep's report goes onto its parent run
         _log_report(client, parent.info.run_id, html_path, png_path, verdicts)
     else:

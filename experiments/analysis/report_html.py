@@ -17,6 +17,14 @@ def _cells(*values: Any) -> str:
     return "".join(f"<td>{escape(str(v))}</td>" for v in values)
 
 
+def _forecast(p: Any) -> tuple[str, str]:
+    """(forecast [95 % interval], forecast error) of a report.Point; "-" where no forecast was made."""
+    if p.forecast is None:
+        return "-", "-"
+    return (f"{_num(p.forecast, '{:.2f}x')} [{_num(p.forecast_low)}, {_num(p.forecast_high)}]",
+            _num(None if p.forecast_error is None else 100.0 * p.forecast_error, "{:+.1f} %"))
+
+
 def _point_rows(series: list) -> str:
     rows = []
     for s in series:
@@ -24,7 +32,8 @@ def _point_rows(series: list) -> str:
         for c, p in sorted(s.points.items()):
             rows.append(f"<tr>{_cells(s.label, s.workload, c)}<td><b>{_num(p.speedup, '{:.2f}x')}</b></td>"
                         f"{_cells(f'[{_num(p.low)}, {_num(p.high)}]', p.ci, _num(p.logged, '{:.2f}x'))}"
-                        f"{_cells(p.to_decide if p.to_decide is not None else '-', _num(p.predicted, '{:.2f}x'))}"
+                        f"{_cells(p.to_decide if p.to_decide is not None else '-', *_forecast(p))}"
+                        f"{_cells(_num(p.predicted, '{:.2f}x'))}"
                         f"<td class=\"{'bad' if s.contaminated else ''}\">{escape(flag)}</td></tr>")
     return "".join(rows)
 
@@ -54,7 +63,8 @@ def page(series: list, png: bytes, title: str) -> str:
                        for s in series)
     img = base64.b64encode(png).decode()
     head = ("<tr><th>option</th><th>workload</th><th>concurrency</th><th>speedup</th><th>95 % CI</th>"
-            "<th>interval from</th><th>run metric</th><th>prompts to decide</th><th>model</th>"
+            "<th>interval from</th><th>run metric</th><th>prompts to decide</th><th>forecast [95 % interval]</th>"
+            "<th>forecast error</th><th>post-hoc model</th>"
             "<th>contamination</th></tr>")
     cat_head = ("<tr><th>option</th><th>workload</th><th>concurrency</th><th>category</th><th>prompts</th>"
                 "<th>speedup</th><th>95 % CI</th><th>verdict</th><th>prompts to decide</th><th>accept length</th>"
@@ -66,7 +76,13 @@ def page(series: list, png: bytes, title: str) -> str:
 <p>Speedup: (Σ output tokens / Σ request seconds) of the option over the baseline's, on the prompts both served;
 interval: paired bootstrap over those prompts. Run metric: the runs' logged wall-clock tok/s ratio.
 Pays: the interval lies above 1; does not pay: below 1; inconclusive: it straddles 1 (prompts to decide: about
-how many prompts would settle it if the estimate held).</p>
+how many prompts would settle it if the estimate held).
+Forecast: the prediction made before the option ran (<code>run.forecast=true</code>: the baseline's outputs, the
+option's acceptance on them offline, the engine's step-cost profile), the mean over the configuration's runs that
+carry one; forecast error: forecast / measured speedup − 1, against the speedup of this table; "-": no forecast
+was made. Post-hoc model: the speedup model evaluated after the run with the run's own measured acceptance (not a
+forecast). The verdict names every level where the forecast's verdict (from its interval) is not the measured
+one.</p>
 <h2>Per category</h2><table>{cat_head}{_category_rows(series)}</table>
 <h2>Contamination (acceptance that depends on what the engine served before)</h2>
 <table><tr><th>option</th><th>workload</th><th>run</th><th>check</th></tr>{_contamination_rows(series)}</table>

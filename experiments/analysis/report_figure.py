@@ -1,0 +1,90 @@
+"""The decision report's figure: per workload, speedup vs concurrency of each option configuration, measured
+(filled dots, 95 % CI), the forecast made before the run (hollow squares, thin bars: its 95 % interval) just
+right of each measured point, and the post-hoc model (hollow diamonds, evaluated with the run's own acceptance)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+GRAY = "0.35"
+BAND = 0.7                    # octaves around a level shared by its configurations' points
+KEY = ("measured: filled dots, 95 % CI", "forecast made before the run: hollow squares, 95 % interval",
+       "post-hoc model (the run's own acceptance): hollow diamonds")
+
+
+def _key_handles() -> list:
+    """Legend entries for the marker kinds, in gray, after the configurations' colours."""
+    from matplotlib.lines import Line2D
+    return [Line2D([], [], color=GRAY, marker="o", ls="-", label="measured (95 % CI)"),
+            Line2D([], [], color=GRAY, marker="s", mfc="none", ls="none", label="forecast before the run (95 %)"),
+            Line2D([], [], color=GRAY, marker="D", mfc="none", ls="none", label="post-hoc model")]
+
+
+def _measured(ax: Any, s: Any, x: np.ndarray, color: str) -> None:
+    cs = sorted(s.points)
+    y = np.array([s.points[c].speedup for c in cs])
+    err = np.array([[y[j] - s.points[c].low for j, c in enumerate(cs)],
+                    [s.points[c].high - y[j] for j, c in enumerate(cs)]])
+    label = s.label + (" [contaminated]" if s.contaminated else "")
+    ax.errorbar(x, y, yerr=np.clip(err, 0, None), fmt="o:" if s.contaminated else "o-", color=color, capsize=4,
+                label=label)
+
+
+def _forecast(ax: Any, s: Any, x: np.ndarray, color: str) -> None:
+    shown = [(xj, p) for xj, p in zip(x, (s.points[c] for c in sorted(s.points)), strict=True)
+             if p.forecast is not None]
+    if not shown:
+        return
+    y = np.array([p.forecast for _, p in shown])
+    lo = np.array([p.forecast - p.forecast_low if p.forecast_low is not None else 0.0 for _, p in shown])
+    hi = np.array([p.forecast_high - p.forecast if p.forecast_high is not None else 0.0 for _, p in shown])
+    ax.errorbar([xj for xj, _ in shown], y, yerr=np.clip([lo, hi], 0, None), fmt="s", mfc="none", ms=7,
+                color=color, elinewidth=0.8, capsize=2)
+
+
+def _model(ax: Any, s: Any, x: np.ndarray, color: str) -> None:
+    shown = [(xj, s.points[c].predicted) for xj, c in zip(x, sorted(s.points), strict=True) if s.points[c].predicted]
+    if shown:
+        ax.plot(*zip(*shown, strict=True), "D", mfc="none", color=color, ms=9)
+
+
+def _panel(ax: Any, mine: list, colors: list[str], workload: str) -> None:
+    levels = sorted({c for s in mine for c in s.points})
+    forecasts = any(p.forecast is not None for s in mine for p in s.points.values())
+    width = min(0.2 if forecasts else 0.06, BAND / len(mine))     # octaves between configurations
+    for i, s in enumerate(mine):
+        color = colors[i % len(colors)]
+        x = np.array(sorted(s.points), dtype=float) * 2.0 ** (width * (i - (len(mine) - 1) / 2))  # side by side
+        _measured(ax, s, x, color)
+        _forecast(ax, s, x * 2.0 ** (0.45 * width), color)      # just right of its measured point
+        _model(ax, s, x, color)
+    ax.axhline(1.0, color="gray", ls="--", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(levels[0] / 2.0 ** BAND, levels[-1] * 2.0 ** BAND)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("speedup vs baseline (output tok/s)")
+    ax.set_title(workload)
+    ax.grid(alpha=0.3)
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=handles + _key_handles(), fontsize=7)
+
+
+def figure(series: list, title: str) -> Any:
+    """`series`: report.OptionSeries; one panel per workload."""
+    from experiments.tracking.plots import plt
+    workloads = sorted({s.workload for s in series})
+    ncols = min(2, len(workloads))
+    nrows = -(-len(workloads) // ncols)
+    height = 4.8 * nrows + (0.6 if ncols == 1 else 0.3)       # room for the key in the suptitle
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, height), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax in axes.flat[len(workloads):]:
+        ax.set_visible(False)
+    for ax, workload in zip(axes.flat, workloads, strict=False):
+        _panel(ax, [s for s in series if s.workload == workload], colors, workload)
+    key = ("\n" if ncols == 1 else "; ").join(KEY)
+    fig.suptitle(f"{title}\n{key}", fontsize=9 if ncols == 1 else 11)
+    fig.tight_layout()
+    return fig
