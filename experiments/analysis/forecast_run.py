@@ -75,14 +75,15 @@ def log_forecast(client: Any, run_id: str, baseline: Any, params: dict[str, str]
 
 
 def latest_forecast(client: Any, run: Any) -> Any | None:
-    """The newest finished forecast of this run's option configuration against the same pairing key."""
+    """The newest finished forecast of this run's option configuration against the same pairing key that predicted
+    something (a forecast refused for a missing input is passed over)."""
     digest = option_digest(run.data.params)
     key = run.data.tags.get("specws.pair_key", "")
     found = client.search_runs([run.info.experiment_id],
                                f"tags.`specws.mode` = 'forecast' and tags.`specws.pair_key` = '{key}' and "
                                f"tags.`specws.option_digest` = '{digest}' and attributes.status = 'FINISHED'",
-                               max_results=1, order_by=["attributes.start_time DESC"])
-    return found[0] if found else None
+                               max_results=50, order_by=["attributes.start_time DESC"])
+    return next((r for r in found if any(k.startswith("forecast_speedup_c") for k in r.data.metrics)), None)
 
 
 def forecast_errors(forecast_metrics: dict[str, float], option_records: list[dict],

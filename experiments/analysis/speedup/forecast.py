@@ -95,11 +95,11 @@ def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray,
     name, regime = profile.regime(c, option.graph_batch_limit)
     flag = ""
     if regime is None:
-        other = "graphs" if name == "eager" else "eager"
-        regime = profile.regimes.get(other)
-        flag = f"c{c}: the {name} regime was never probed, {other}-regime terms used"
-        if regime is None:
+        other = next((n for n in ("graphs", "all", "eager") if n in profile.regimes), None)
+        if other is None:
             raise ForecastUnavailable("the step-cost profile has no regime")
+        regime = profile.regimes[other]
+        flag = f"c{c}: the {name} regime was never probed, {other}-regime terms used"
     draft_steps = int(option.spec.num_steps or 0) if option.spec.method == "eagle3" else 0
     values = [regime.excess_ms(option.spec.method, c, float(q), draft_steps) for q in qs]
     if any(v is None for v in values):
@@ -161,12 +161,12 @@ def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: li
         by_level.setdefault(int(r.get("concurrency") or 1), []).append(i)
     for c, idx in sorted(by_level.items()):
         scale = level_scale(profile, [rows[i] for i in idx], option, c) if scaled else 1.0
-        groups = {"all": idx}
+        groups: dict[str, list[int]] = {}
         for i in idx:
             groups.setdefault(str(rows[i].get("category") or "?"), []).append(i)
+        groups = {"all": list(idx)} | ({} if len(groups) == 1 else {f"category {k}" if k == "all" else k: v
+                                                                     for k, v in groups.items()})
         for cat, members in groups.items():
-            if cat != "all" and len(groups) == 2:
-                continue   # one category: its row is the level's
             f = forecast_group([rows[i] for i in members], [steps[i] for i in members], option, profile, c, cat,
                                scale)
             if cat == "all":

@@ -6,15 +6,16 @@ assumed. Read from finished runs' records (one streamed chunk per engine step), 
     EAGLE-3 excess       = over_e + over_seq_e * c + b_tok * c * (q - 1) + draft_ms * draft steps
 
 q: tokens verified per sequence and step (SGLang: its whole tree, fixed; vLLM: 1 + the drafted tokens, from the
-counters per level). The regimes: `graphs` (c at or below the engine's CUDA-graph batch limit, or every level of an
-engine without one) and `eager` (above it). A profile is a JSON file (profiles/ beside this module, and an MLflow
-artifact of the run that fitted it) that forecasts read; `python -m experiments.analysis.speedup.probe` fits and
-stores one.
+counters per level). The regimes: `graphs` (c at or below the engine's CUDA-graph batch limit), `eager` (above it)
+and `all` (every level of a run whose arguments set no limit). A profile is a JSON file (profiles/ beside this
+module, and an MLflow artifact of the run that fitted it) that forecasts read; `python -m
+experiments.analysis.speedup.probe` fits and stores one.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from experiments.analysis.runs import RunConfig, run_config
 from experiments.tracking.records import run_records
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
+PROFILES_ENV = "SPECWS_STEP_COSTS"   # another folder of profiles (a team's shared one), instead of PROFILES
 MIN_GAPS = 20          # chunk intervals a level needs before its step time counts
 PAUSE_FACTOR = 10.0    # intervals longer than this many medians are pauses (prefill of a new batch, warm-up)
 
@@ -82,7 +84,9 @@ def steady_step_ms(gaps: np.ndarray) -> float:
 
 
 def regime_of(c: int, cap: int | None) -> str:
-    return "graphs" if cap is None or c <= cap else "eager"
+    if cap is None:
+        return "all"       # an engine without a CUDA-graph limit among its arguments (vLLM-CPU): one regime
+    return "graphs" if c <= cap else "eager"
 
 
 def verified_at(config: RunConfig, metrics: dict[str, float], c: int) -> float | None:
@@ -275,7 +279,7 @@ class StepCostProfile:
 
 def fit_profile(key: ProfileKey, steps: list[LevelStep], graph_cap: int | None, note: str = "") -> StepCostProfile:
     regimes = {}
-    for name in ("graphs", "eager"):
+    for name in ("all", "graphs", "eager"):
         pts = [s for s in steps if s.regime == name]
         if pts:
             regimes[name] = fit_regime(pts)
@@ -290,9 +294,10 @@ def save_profile(profile: StepCostProfile, folder: Path = PROFILES) -> Path:
     return path
 
 
-def find_profile(key: ProfileKey, folder: Path = PROFILES) -> tuple[StepCostProfile, str]:
+def find_profile(key: ProfileKey, folder: Path | None = None) -> tuple[StepCostProfile, str]:
     """The stored profile for `key` and a note; the same engine, release, model and site with other flags is
     used with a note that says so. Raises ProfileMissing naming what exists."""
+    folder = folder or Path(os.environ.get(PROFILES_ENV) or PROFILES)
     path = folder / f"{key.stem}.json"
     if not path.exists():
         have = sorted(p.stem for p in folder.glob("*.json")) if folder.exists() else []

