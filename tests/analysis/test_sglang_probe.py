@@ -7,14 +7,10 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from conftest import run_fixed
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.speedup.fit import error_table, fit_eagle_cost, fit_verify_cost, sglang_step_points
-from experiments.engines.sglang_engine import SGLangAdapter
-from experiments.harness.summary import summarize
-from tests.helpers.loopback_server import start_loopback
+from tests.helpers.loopback_runs import log_loopback_run
 
 T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: baseline step, speculative-step overhead, per token, per draft
 
@@ -25,22 +21,7 @@ def step_ms(q: int, draft_steps: int = 0) -> float:
 
 def log_run(client: MlflowClient, exp: str, tmp: Path, name: str, params: dict, itl_ms: float, per_event: int,
             baseline_id: str | None = None) -> str:
-    server = start_loopback(ttft_ms=5.0, itl_ms=itl_ms, tokens_per_event=per_event)
-    path = tmp / f"records-{name}.jsonl"
-    try:
-        levels = run_fixed(server, SGLangAdapter(), 48, path, {f"p{i}": [100 + i, 1, 2] for i in range(4)}, [1])
-    finally:
-        server.stop()
-    run_id = client.create_run(exp, run_name=name, tags={
-        "specws.mode": "measure", "specws.option": name, "specws.workload": "loopback",
-        **({"specws.baseline_run_id": baseline_id} if baseline_id else {})}).info.run_id
-    for k, v in {"engine.name": "sglang", "spec.method": "none", **params}.items():
-        client.log_param(run_id, k, v)
-    metrics = summarize(levels, SGLangAdapter()).metrics
-    client.log_batch(run_id, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
-    client.log_artifact(run_id, str(path), "records")
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+    return log_loopback_run(client, exp, tmp, name, params, itl_ms, per_event, baseline_id)
 
 
 @pytest.fixture(scope="module")

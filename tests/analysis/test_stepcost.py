@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_fixed
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.runs import run_config
@@ -24,10 +22,8 @@ from experiments.analysis.speedup.stepcost import (
     level_steps,
     save_profile,
 )
-from experiments.engines.sglang_engine import SGLangAdapter
-from experiments.harness.summary import summarize
 from experiments.tracking.records import run_records
-from tests.helpers.loopback_server import start_loopback
+from tests.helpers.loopback_runs import log_loopback_run
 
 T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: decode step, speculative-step overhead, per token, per draft
 CAP = 1                                            # CUDA-graph batch limit: level 2 runs in the eager regime
@@ -40,25 +36,10 @@ def step_ms(q: int, draft_steps: int = 0) -> float:
 
 def log_run(client: MlflowClient, exp: str, tmp: Path, name: str, params: dict, itl_ms: float, per_event: int,
             baseline_id: str | None = None) -> str:
-    server = start_loopback(ttft_ms=5.0, itl_ms=itl_ms, tokens_per_event=per_event)
-    path = tmp / f"records-{name}.jsonl"
-    try:
-        levels = run_fixed(server, SGLangAdapter(), TOKENS, path, {f"p{i}": [100 + i, 1, 2] for i in range(4)},
-                           [1, 2])
-    finally:
-        server.stop()
-    tags = {"specws.mode": "measure", "specws.option": name, "specws.workload": "loopback", "specws.site": "loop",
-            "specws.model": "tiny", "specws.engine_version": "0.5.14",
-            **({"specws.baseline_run_id": baseline_id} if baseline_id else {})}
-    run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
+    tags = {"specws.site": "loop", "specws.model": "tiny", "specws.engine_version": "0.5.14"}
     args = str(["--cuda-graph-max-bs-decode", str(CAP)])
-    for k, v in {"engine.name": "sglang", "spec.method": "none", "site.engine_args.sglang": args, **params}.items():
-        client.log_param(run_id, k, v)
-    metrics = summarize(levels, SGLangAdapter()).metrics
-    client.log_batch(run_id, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
-    client.log_artifact(run_id, str(path), "records")
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+    return log_loopback_run(client, exp, tmp, name, {"site.engine_args.sglang": args, **params}, itl_ms, per_event,
+                            baseline_id, levels=(1, 2), tokens=TOKENS, tags=tags)
 
 
 @pytest.fixture(scope="module")

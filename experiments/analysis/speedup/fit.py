@@ -26,6 +26,7 @@ from experiments.analysis.speedup.model import (
     levels_of,
     predict_run,
 )
+from experiments.analysis.speedup.stepcost import nonneg_lstsq
 from experiments.tracking.records import run_records
 
 PAUSE_SHARE = 0.10   # a level whose longest pause is this share of its wall time is flagged (warm-up stall)
@@ -149,19 +150,6 @@ def sglang_step_points(client, runs) -> dict[str, StepPoint]:
     return out
 
 
-def _nonneg_lstsq(cols: dict[str, np.ndarray], y: np.ndarray, drops: list[list[str]]) -> dict[str, float] | None:
-    """Least squares over the first column subset (after `drops`) that has full rank and non-negative terms."""
-    for drop in drops:
-        names = [n for n in cols if n not in drop]
-        x = np.column_stack([cols[n] for n in names])
-        if len(y) < len(names) or np.linalg.matrix_rank(x) < len(names):
-            continue
-        coef = dict(zip(names, np.linalg.lstsq(x, y, rcond=None)[0], strict=True))
-        if all(v >= 0 for v in coef.values()):
-            return {n: float(coef.get(n, 0.0)) for n in cols}
-    return None
-
-
 def fit_verify_cost(points: dict[str, StepPoint], exclude: str | None = None) -> VerifyFit | None:
     """The SGLang probe over the NGRAM runs paired with a baseline, leaving out the run being predicted."""
     use = [p for k, p in points.items() if k != exclude and p.method == "ngram" and p.excess()]
@@ -170,7 +158,7 @@ def fit_verify_cost(points: dict[str, StepPoint], exclude: str | None = None) ->
         return None
     c, q, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
     cols = {"over": np.ones_like(c), "over_seq": c, "b_tok": c * (q - 1)}
-    coef = _nonneg_lstsq(cols, y, [[], ["over_seq"], ["over"], ["over", "over_seq"]])
+    coef = nonneg_lstsq(cols, y, [[], ["over_seq"], ["over"], ["over", "over_seq"]])
     if coef is None:
         return None
     return VerifyFit(coef["over"], coef["over_seq"], coef["b_tok"], [p.run_id for p in use],
@@ -184,7 +172,7 @@ def fit_eagle_cost(points: dict[str, StepPoint], fit: VerifyFit, exclude: str | 
     if not rows:
         return None
     c, d, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
-    coef = _nonneg_lstsq({"over": np.ones_like(c), "over_seq": c, "draft": d}, y, [[], ["over_seq"], ["draft"],
+    coef = nonneg_lstsq({"over": np.ones_like(c), "over_seq": c, "draft": d}, y, [[], ["over_seq"], ["draft"],
                                                                                    ["over_seq", "draft"]])
     if coef is not None and len(set(zip(c, d, strict=True))) > 1:
         return EagleCost(coef["over"], coef["over_seq"], coef["draft"], True)

@@ -13,9 +13,10 @@ over the levels the measurement decides (interval clear of 1).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import tarfile
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,8 @@ from experiments.analysis.categories import accept_length_of, acceptor
 from experiments.analysis.contamination import check_contamination
 from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.forecast import ForecastUnavailable, forecast
-from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, offline_steps
-from experiments.analysis.speedup.stepcost import fit_profile, key_of, level_steps
+from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, RequestSteps, offline_steps
+from experiments.analysis.speedup.stepcost import fit_profile, key_of, level_steps, save_profile
 from experiments.analysis.stats import UNCLEAR, paired_speedup, prompt_totals, verdict
 from experiments.config.paths import ROOT, cache_dir
 from experiments.tracking.offline_store import OfflineClient
@@ -33,7 +34,6 @@ from experiments.tracking.records import run_records
 
 MEASURED = "tags.`specws.mode` = 'measure' and attributes.status = 'FINISHED'"
 COMMITTED_HEADS = ROOT / "experiments" / "eagle3" / "artifacts"
-OFFLINE: dict = {}   # offline acceptance per (lease, baseline, speculation): a head's evaluation takes ~30 s
 
 
 @dataclass
@@ -129,6 +129,19 @@ def validation_rows(all_leases: list[Lease], scaled: bool = False) -> tuple[list
     return rows, skipped
 
 
+def cached_steps(lease: str, baseline_id: str, config, params: dict[str, str], records: list[dict]) -> list:
+    """The offline acceptance of one baseline under one speculation, kept on disk beside the extracted store (a
+    head's evaluation takes ~30 s on the CPU; the lease's records never change)."""
+    key = hashlib.sha256(repr((baseline_id, config.spec, config.engine)).encode()).hexdigest()[:16]
+    path = cache_dir() / "validation" / "offline" / lease / f"{key}.json"
+    if path.exists():
+        return [RequestSteps(**s) for s in json.loads(path.read_text())]
+    steps = offline_steps(records, config, params)[0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(s) for s in steps]))
+    return steps
+
+
 def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_lease: dict, row: dict,
              scaled: bool) -> list[dict]:
     config = run_config(run)
@@ -154,10 +167,7 @@ def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_l
         if head is None:
             raise ForecastUnavailable(f"the EAGLE-3 head it served ({params.get('spec.draft_model')}) is not here")
         config = replace(config, spec=replace(config.spec, draft_model=head))
-    memo = (lease.name, base.info.run_id, repr(config.spec))
-    if memo not in OFFLINE:
-        OFFLINE[memo] = offline_steps(base_records, config, params)[0]
-    steps = OFFLINE[memo]
+    steps = cached_steps(lease.name, base.info.run_id, config, params, base_records)
     result = forecast(base_records, base.data.metrics, steps, config, profile, scaled)
     out = []
     for f in result.overall():
@@ -171,6 +181,27 @@ def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_l
                           "regime": f.regime, "error": f.speedup / m.estimate - 1.0,
                           "profile_leases": ",".join(profile.leases), "flag": f.flag})
     return out
+
+
+def save_all_profiles(all_leases: list[Lease]) -> list[Path]:
+    """One profile per engine / model / site over every lease's runs (what a forecast on that site reads)."""
+    groups: dict[tuple, list] = {}
+    for lz in all_leases:
+        steps = {s.run_id: s for s in level_steps(lz.client, lz.runs, lz.name)}
+        for run in lz.runs:
+            groups.setdefault(lease_group(run), []).append((run, [s for s in steps.values() if s.run_id ==
+                                                                   run.info.run_id]))
+    paths = []
+    for members in groups.values():
+        steps = [s for _, ss in members for s in ss]
+        if not any(s.excess_ms is not None for s in steps):
+            continue
+        newest = max((r for r, _ in members), key=lambda r: r.info.start_time)
+        cap = next((run_config(r).graph_batch_limit for r, _ in members if run_config(r).graph_batch_limit), None)
+        profile = fit_profile(key_of(newest), steps, cap, note=f"fitted on the journal's leases: "
+                              f"{', '.join(sorted({s.lease for s in steps}))}")
+        paths.append(save_profile(profile))
+    return paths
 
 
 def summary(rows: list[dict]) -> dict[str, float]:
@@ -227,8 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     ap.add_argument("--write", type=Path, default=None,
                     help="replace the generated part of this markdown file (docs/reference/forecast-validation.md)")
+    ap.add_argument("--save-profiles", action="store_true",
+                    help="also fit each engine/model/site over every lease and store it as its step-cost profile")
     a = ap.parse_args(argv)
-    rows, skipped = validation_rows(leases(a.journal), a.scaled)
+    found = leases(a.journal)
+    if a.save_profiles:
+        for path in save_all_profiles(found):
+            print(f"step-cost profile: {path}")
+    rows, skipped = validation_rows(found, a.scaled)
     s = summary(rows)
     table = markdown(rows, skipped, s)
     print("\n".join(table))
