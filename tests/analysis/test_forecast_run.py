@@ -40,7 +40,7 @@ def test_forecast_before_the_option_then_its_error(tmp_path, embedded_ready) -> 
     assert m["forecast_tokens_per_step_c1"] >= 1.0
     assert "n-gram replay" in fc.data.tags["specws.forecast"] and "step costs" in fc.data.tags["specws.forecast"]
     assert fc.data.tags["specws.forecast_verdict_c1"] in ("pays", "does not pay", "inconclusive")
-    assert "forecast speedup" in done.stdout
+    assert "forecast speedup" in done.stdout + done.stderr
 
     # a forecast without its step costs says which input is missing and predicts nothing
     empty = tmp_path / "no-profiles"
