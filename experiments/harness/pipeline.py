@@ -82,8 +82,9 @@ def forecast_option(cfg: DictConfig, validation: Validation, key: str, prepared:
     tags = (run_tags(cfg, "forecast", engine_tags(cfg, validation.version)) | {"specws.pair_key": key}
             | {"specws.baseline_run_id": baseline.info.run_id} | _extra_tags(cfg))
     name = cfg.run.name or f"{cfg.option.name}-{cfg.workload.name}-forecast"
-    with tracked_run(client, exp_id, name, tags, flatten(cfg)) as run:
-        for line in forecaster(client, run.id, baseline, flatten(cfg)):
+    params = flatten(cfg)
+    with tracked_run(client, exp_id, name, tags, params) as run:
+        for line in forecaster(client, run.id, baseline, params):
             console.print(line)
     return {"run_id": run.id, "baseline_run_id": baseline.info.run_id}
 

@@ -3,25 +3,12 @@ against the loopback server streaming SGLang /generate events on a known step sc
 workspace's summary code and logged into a temporary MLflow store; the probe must recover the schedule."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.speedup.fit import error_table, fit_eagle_cost, fit_verify_cost, sglang_step_points
-from tests.helpers.loopback_runs import log_loopback_run
-
-T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: baseline step, speculative-step overhead, per token, per draft
-
-
-def step_ms(q: int, draft_steps: int = 0) -> float:
-    return T1 + (OVERHEAD + B_TOK * (q - 1) if q > 1 else 0.0) + DRAFT * draft_steps
-
-
-def log_run(client: MlflowClient, exp: str, tmp: Path, name: str, params: dict, itl_ms: float, per_event: int,
-            baseline_id: str | None = None) -> str:
-    return log_loopback_run(client, exp, tmp, name, params, itl_ms, per_event, baseline_id)
+from tests.helpers.loopback_runs import B_TOK, DRAFT, OVERHEAD, log_loopback_run, step_ms
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +16,11 @@ def store(tmp_path_factory) -> tuple[MlflowClient, str, dict[str, str]]:
     tmp = tmp_path_factory.mktemp("probe")
     client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
     exp = client.create_experiment("probe@loopback", artifact_location=str(tmp / "artifacts"))
-    ids = {"base": log_run(client, exp, tmp, "baseline", {}, step_ms(1), 1)}
+    ids = {"base": log_loopback_run(client, exp, tmp, "baseline", {}, step_ms(1), 1)}
     for k in (2, 4, 8):   # SGLang NGRAM verifies num_draft_tokens per step; 2 tokens accepted per step here
         params = {"spec.method": "ngram", "spec.num_draft_tokens": str(k)}
-        ids[f"ngram{k}"] = log_run(client, exp, tmp, f"ngram{k}", params, step_ms(k), 2, ids["base"])
-    ids["eagle"] = log_run(client, exp, tmp, "eagle3", {"spec.method": "eagle3", "spec.num_steps": "3",
+        ids[f"ngram{k}"] = log_loopback_run(client, exp, tmp, f"ngram{k}", params, step_ms(k), 2, ids["base"])
+    ids["eagle"] = log_loopback_run(client, exp, tmp, "eagle3", {"spec.method": "eagle3", "spec.num_steps": "3",
                                                         "spec.num_draft_tokens": "4"}, step_ms(4, 3), 2, ids["base"])
     return client, exp, ids
 

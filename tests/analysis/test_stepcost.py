@@ -23,15 +23,10 @@ from experiments.analysis.speedup.stepcost import (
     save_profile,
 )
 from experiments.tracking.records import run_records
-from tests.helpers.loopback_runs import log_loopback_run
+from tests.helpers.loopback_runs import B_TOK, DRAFT, OVERHEAD, T1, log_loopback_run, step_ms
 
-T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: decode step, speculative-step overhead, per token, per draft
 CAP = 1                                            # CUDA-graph batch limit: level 2 runs in the eager regime
 TOKENS = 48
-
-
-def step_ms(q: int, draft_steps: int = 0) -> float:
-    return T1 + (OVERHEAD + B_TOK * (q - 1) if q > 1 else 0.0) + DRAFT * draft_steps
 
 
 def log_run(client: MlflowClient, exp: str, tmp: Path, name: str, params: dict, itl_ms: float, per_event: int,

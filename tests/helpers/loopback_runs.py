@@ -11,6 +11,13 @@ from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.harness.summary import summarize
 from tests.helpers.loopback_server import start_loopback
 
+T1, OVERHEAD, B_TOK, DRAFT = 4.0, 2.0, 1.0, 0.5   # ms: decode step, speculative-step overhead, per token, per draft
+
+
+def step_ms(q: int, draft_steps: int = 0) -> float:
+    """The known schedule the loopback runs stream on: a step verifying q tokens with `draft_steps` drafts."""
+    return T1 + (OVERHEAD + B_TOK * (q - 1) if q > 1 else 0.0) + DRAFT * draft_steps
+
 
 def log_loopback_run(client: MlflowClient, exp: str, tmp: Path, name: str, params: dict, itl_ms: float,
                      per_event: int, baseline_id: str | None = None, levels: tuple[int, ...] = (1,),

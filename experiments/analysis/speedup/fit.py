@@ -26,7 +26,7 @@ from experiments.analysis.speedup.model import (
     levels_of,
     predict_run,
 )
-from experiments.analysis.speedup.stepcost import nonneg_lstsq
+from experiments.analysis.speedup.stepcost import nonneg_lstsq, steady_step_ms
 from experiments.tracking.records import run_records
 
 PAUSE_SHARE = 0.10   # a level whose longest pause is this share of its wall time is flagged (warm-up stall)
@@ -106,12 +106,6 @@ class EagleCost:
     overhead_seq_ms: float
     draft_ms: float
     own: bool
-
-
-def steady_step_ms(gaps: np.ndarray) -> float:
-    """Mean streamed-chunk interval (one chunk per engine step in SGLang's default streaming), leaving out
-    pauses longer than 10x the median: first-batch warm-up stalls, flagged per level (level_flags)."""
-    return float(1000.0 * gaps[gaps < 10.0 * np.median(gaps)].mean())
 
 
 def sglang_step_points(client, runs) -> dict[str, StepPoint]:

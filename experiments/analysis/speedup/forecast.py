@@ -21,7 +21,7 @@ import numpy as np
 
 from experiments.analysis.runs import RunConfig
 from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
-from experiments.analysis.speedup.stepcost import StepCostProfile
+from experiments.analysis.speedup.stepcost import MIN_GAPS, StepCostProfile, steady_step_ms, verify_width
 from experiments.analysis.stats import LOSES, PAYS, UNCLEAR
 
 N_BOOT = 2000
@@ -80,13 +80,11 @@ def verdict_of(low: float, high: float) -> str:
 
 
 def verified_per_step(option: RunConfig, steps: RequestSteps) -> float:
-    """Tokens verified per sequence and step: the engine's fixed width, else 1 + the drafted tokens."""
-    fixed = option.verified_per_step
-    if fixed is not None:
-        return fixed
-    spec = option.spec
-    k = spec.num_draft_tokens if spec.method == "ngram" else spec.num_steps
-    return 1.0 + float(k or 0) * steps.drafted_share
+    """Tokens verified per sequence and step under the option (see stepcost.verify_width)."""
+    width = verify_width(option, steps.drafted_share)
+    if width is None:
+        raise ForecastUnavailable("the option sets no draft length (spec.num_draft_tokens / num_steps)")
+    return width
 
 
 def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray, scale: float
@@ -142,11 +140,9 @@ def level_scale(profile: StepCostProfile, base_rows: list[dict], option: RunConf
     fitted = regime.decode_ms(c) if regime is not None else None
     gaps = [b - a for r in base_rows for a, b in zip(r.get("chunk_times_s") or [], (r.get("chunk_times_s") or [])[1:],
                                                       strict=False)]
-    if not fitted or len(gaps) < 20:
+    if not fitted or len(gaps) < MIN_GAPS:
         return 1.0
-    g = np.asarray(gaps)
-    measured = 1000.0 * float(g[g < 10 * np.median(g)].mean())
-    return measured / fitted
+    return steady_step_ms(np.asarray(gaps)) / fitted
 
 
 def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: list[RequestSteps],

@@ -89,17 +89,21 @@ def regime_of(c: int, cap: int | None) -> str:
     return "graphs" if c <= cap else "eager"
 
 
-def verified_at(config: RunConfig, metrics: dict[str, float], c: int) -> float | None:
-    """Tokens verified per sequence and step at level c: fixed by the engine (SGLang), else 1 + the draft
-    tokens per step the counters imply (vLLM: k on every drafted step)."""
+def verify_width(config: RunConfig, drafted_share: float | None) -> float | None:
+    """Tokens verified per sequence and step: fixed by the engine (SGLang), else 1 + the draft tokens per step
+    (vLLM: k on every drafted step, `drafted_share` of the steps)."""
     if config.spec.method == "none":
         return 1.0
     fixed = config.verified_per_step
     if fixed is not None:
         return fixed
     k = config.spec.num_draft_tokens if config.spec.method == "ngram" else config.spec.num_steps
-    share = metrics.get(f"steps_with_draft_c{c}")
-    return None if k is None or share is None else 1.0 + k * share
+    return None if k is None or drafted_share is None else 1.0 + k * drafted_share
+
+
+def verified_at(config: RunConfig, metrics: dict[str, float], c: int) -> float | None:
+    """verify_width at level c, the drafted share from the counters the run logged there."""
+    return verify_width(config, metrics.get(f"steps_with_draft_c{c}"))
 
 
 def run_level_steps(client, run, lease: str = "") -> list[LevelStep]:
