@@ -5,11 +5,16 @@ import importlib.util
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
+import tempfile
 from functools import cache
 from pathlib import Path
+from urllib.parse import quote, unquote, urlparse
 
 import httpx
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -28,6 +33,10 @@ ENGINE_PROBE_TIMEOUT_S = 30.0
 # NVLink multicast off in every process of a multi-GPU site: on a shared host it can take the GPUs out of service.
 MULTICAST_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TRACKING_TIMEOUT_S = 5.0
+SQLITE_HEADER = b"SQLite format 3\x00"
+MLFLOW_TABLES = frozenset({"experiments", "runs", "alembic_version"})
+JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}
 
 
 def check_option(cfg: DictConfig) -> None:
@@ -111,19 +120,39 @@ def check_moe_model(cfg: DictConfig) -> None:
     config = Path(str(cfg.model.path)) / "config.json"
     if config.exists():
         try:
-            refuse_unless_moe(json.loads(config.read_text()))
+            refuse_unless_moe(read_config(config, f"model {cfg.model.name}"))
         except PatchRefused as exc:
             raise Refused(f"option {cfg.option.name} needs a MoE model; model {cfg.model.name}: {exc} "
                           f"(the small MoE: model=tiny_moe_dsv3)") from None
 
 
+def read_config(path: Path, what: str) -> dict:
+    """A config.json as a JSON object; a file that cannot be read, is not JSON or holds no object is refused naming
+    the file (and where its JSON breaks)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise Refused(f"{what}: {path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+                      "fix or replace the file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refused(f"{what}: cannot read {path} ({exc}); fix or replace the file") from None
+    if not isinstance(data, dict):
+        raise Refused(f"{what}: {path} holds {JSON_KINDS.get(type(data), 'a JSON value')}, not a JSON object; "
+                      "fix or replace the file")
+    return data
+
+
 def check_inputs(cfg: DictConfig) -> None:
-    """What every runner reads, before the workload is read (dry runs included): a model folder that is here is
-    complete, the tracking store answers."""
+    """What every runner reads, before the workload is read and before any engine check (dry runs included): a
+    model folder and an EAGLE-3 head that are here are complete and fit, the tracking store and the folders the
+    run writes can be written."""
     model = Path(str(cfg.model.path))
     if model.exists():   # a model that is not here (the box's, checked from here) is checked where it is served
         check_model_folder(cfg)
+    if not OmegaConf.select(cfg, "option.evaluate_as"):   # an option that trains its head (D) has none yet
+        check_head(cfg, required=not cfg.run.dry_run)
     check_tracking(cfg)
+    check_output_dir()
 
 
 def _model_fix(cfg: DictConfig) -> str:
@@ -138,6 +167,7 @@ def check_model_folder(cfg: DictConfig) -> None:
     if not any((model / name).is_file() for name in TOKENIZER_FILES) and not any(model.glob("*.tiktoken")):
         raise Refused(f"model {cfg.model.name}: {model} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
                       f"{_model_fix(cfg)}")
+    read_config(model / "config.json", f"model {cfg.model.name}")
 
 
 def check_engine_env(cfg: DictConfig) -> None:
@@ -166,32 +196,136 @@ def _imports(python: str, package: str) -> bool:
 
 
 def check_tracking(cfg: DictConfig) -> None:
-    """The store of tracking.uri can be written (a local folder) or answers within seconds (a server)."""
+    """The store of tracking.uri can be written (a local folder, a SQLite file that is an MLflow store or new) or
+    answers within seconds (a server); the artifact folders the run writes can be written."""
     try:
         uri = str(cfg.tracking.uri)
     except OmegaConfBaseException as exc:
         raise Refused(f"tracking.uri cannot be resolved ({str(exc).splitlines()[0]}); set MLFLOW_TRACKING_URI "
                       "for tracking=server, or use tracking=local") from None
     shown = redact_text(uri)
+    where, fix = f"tracking.uri={shown}", "point tracking.uri at a writable place"
+    if uri.startswith(URI_PREFIX):   # the offline store keeps its artifacts in its own folder
+        _check_writable(Path(uri.removeprefix(URI_PREFIX)), where, fix)
+        return
     if uri.startswith(("http://", "https://")):
         _check_tracking_server(uri, shown)
-        return
-    if (db := sqlite_file(uri)) is not None:
-        _check_folder(db.parent, shown)
-    elif uri.startswith((URI_PREFIX, "file://")):
-        _check_folder(Path(uri.split("://", 1)[1]), shown)
+    elif (db := sqlite_file(uri)) is not None:
+        _check_writable(db.parent, where, fix)
+        if _sqlite_store_has(db, shown, str(cfg.tracking.experiment)):
+            _check_experiment_location(uri, shown, str(cfg.tracking.experiment))
+    elif uri.startswith("file://"):
+        _check_writable(Path(uri.split("://", 1)[1]), where, fix)
     elif "://" not in uri:   # a plain folder: MLflow's file store
-        _check_folder(Path(uri), shown)
+        _check_writable(Path(uri), where, fix)
+    if cfg.tracking.get("artifact_root"):
+        root = Path(str(cfg.tracking.artifact_root))
+        _check_writable(root, f"tracking.artifact_root={root}", "set tracking.artifact_root to a writable folder")
 
 
-def _check_folder(folder: Path, shown: str) -> None:
+def _check_writable(folder: Path, where: str, fix: str) -> None:
+    """The folder exists or can be made, and a file can be created in it: tried, since os.access says yes to
+    root and to an immutable folder."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise Refused(f"tracking.uri={shown}: cannot create the folder {folder} ({exc.strerror or exc}); "
-                      "point tracking.uri at a writable place") from None
-    if not os.access(folder, os.W_OK):
-        raise Refused(f"tracking.uri={shown}: the folder {folder} is not writable; point tracking.uri elsewhere")
+        raise Refused(f"{where}: cannot create the folder {folder} ({exc.strerror or exc}); {fix}") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".specws-write-check-")
+    except OSError as exc:
+        raise Refused(f"{where}: cannot write in the folder {folder} ({exc.strerror or exc}); {fix}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _sqlite_store_has(db: Path, shown: str, experiment: str) -> bool:
+    """Whether the store's SQLite file holds the experiment, read without changing the file. A missing or empty
+    file (MLflow creates it) or a database without tables is a new store; a file that is not SQLite, or a
+    database with tables but none of MLflow's, is refused."""
+    where = f"tracking.uri={shown}"
+    fix = "move the file away or point tracking.uri at another file"
+    if not db.exists() or (db.is_file() and db.stat().st_size == 0):
+        return False
+    try:
+        with open(db, "rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise Refused(f"{where}: cannot read {db} ({exc.strerror or exc}); {fix}") from None
+    if header != SQLITE_HEADER:
+        raise Refused(f"{where}: {db} is not a SQLite database (no SQLite header); {fix}")
+    try:
+        tables = _sqlite_tables(db)
+        found = "experiments" in tables and _sqlite_has_experiment(db, experiment)
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):   # another runner is writing: MLflow waits for the lock itself
+            return False
+        raise Refused(f"{where}: cannot read the SQLite database {db} ({exc}); {fix}") from None
+    except sqlite3.DatabaseError as exc:
+        raise Refused(f"{where}: {db} is a damaged SQLite database ({exc}); {fix}") from None
+    if tables and not tables & MLFLOW_TABLES:
+        raise Refused(f"{where}: {db} is a SQLite database but not an MLflow store (its tables: "
+                      f"{', '.join(sorted(tables)[:5])}); {fix}")
+    return found
+
+
+def _read_only(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True)
+
+
+def _sqlite_tables(db: Path) -> set[str]:
+    con = _read_only(db)
+    try:
+        return {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        con.close()
+
+
+def _sqlite_has_experiment(db: Path, experiment: str) -> bool:
+    con = _read_only(db)
+    try:
+        return con.execute("SELECT 1 FROM experiments WHERE name = ?", (experiment,)).fetchone() is not None
+    finally:
+        con.close()
+
+
+def _check_experiment_location(uri: str, shown: str, experiment: str) -> None:
+    """An experiment that exists keeps its artifact location (fixed when it was created): a local one must be
+    writable, whatever tracking.artifact_root says now."""
+    if importlib.util.find_spec("mlflow") is None:   # the store's setup says what to use instead
+        return
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
+    except MlflowException as exc:
+        raise Refused(f"tracking.uri={shown}: MLflow cannot open the store ({str(exc).splitlines()[0]}); "
+                      "upgrade it with `mlflow db upgrade` or point tracking.uri at another file") from None
+    folder = _local_folder(exp.artifact_location) if exp is not None else None
+    if folder is not None:
+        _check_writable(folder, f"the artifact location of experiment {experiment} (store tracking.uri={shown})",
+                        "set tracking.experiment to a new name (its artifacts then go under tracking.artifact_root) "
+                        "or make the folder writable")
+
+
+def _local_folder(location: str | None) -> Path | None:
+    """The folder of a `file://` URI or a plain path; None for a remote location."""
+    if not location:
+        return None
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return None if parsed.scheme else Path(location)
+
+
+def check_output_dir() -> None:
+    """The Hydra job's output folder (records, server log) can be written; no Hydra (an API caller), no check."""
+    if not HydraConfig.initialized():
+        return
+    hydra = HydraConfig.get()
+    key = "hydra.sweep.dir" if hydra.mode == RunMode.MULTIRUN else "hydra.run.dir"
+    _check_writable(Path(hydra.runtime.output_dir), f"the run's output folder ({key})",
+                    f"set {key} to a writable folder")
 
 
 def _check_tracking_server(uri: str, shown: str) -> None:
@@ -206,29 +340,40 @@ def _check_tracking_server(uri: str, shown: str) -> None:
 
 
 def check_assets(cfg: DictConfig) -> None:
-    model = Path(str(cfg.model.path))
     check_model_folder(cfg)
-    if cfg.spec.method == "eagle3":
-        head = Path(str(cfg.spec.draft_model))
-        if not (head / "config.json").exists():
-            raise Refused(f"EAGLE-3 head not found at {head}: train one with +option=D "
-                          f"(it is saved there) or set spec.draft_model=/path/to/head")
-        check_head_fits(head, model)
-        check_head_loads(cfg, head)
+    check_head(cfg)
     check_engine_env(cfg)
+
+
+def check_head(cfg: DictConfig, required: bool = True) -> None:
+    """An EAGLE-3 head exists, parses, fits the target (when the target is here) and the engine can load it; a
+    head that is not here passes when not `required` (a dry run: the box's head is checked where it is served)."""
+    if cfg.spec.method != "eagle3":
+        return
+    head = Path(str(cfg.spec.draft_model))
+    if not required and not head.exists():
+        return
+    if not (head / "config.json").exists():
+        raise Refused(f"EAGLE-3 head not found at {head}: train one with +option=D "
+                      f"(it is saved there) or set spec.draft_model=/path/to/head")
+    model = Path(str(cfg.model.path))
+    if (model / "config.json").exists():
+        check_head_fits(head, model)
+    check_head_loads(cfg, head)
 
 
 def check_head_loads(cfg: DictConfig, head: Path) -> None:
     """Refused when the engine cannot load the head's config.json as it is (EngineAdapter.head_config_problems)."""
-    problems = adapter_for(engine_name(cfg)).head_config_problems(json.loads((head / "config.json").read_text()))
+    config = read_config(head / "config.json", f"EAGLE-3 head {head}")
+    problems = adapter_for(engine_name(cfg)).head_config_problems(config)
     if problems:
         raise Refused(f"{engine_name(cfg)} cannot load EAGLE-3 head {head}: " + "; ".join(problems))
 
 
 def check_head_fits(head: Path, model: Path) -> None:
     """An EAGLE-3 head must match its target: hidden size, vocabulary, aux layers inside its depth."""
-    h = json.loads((head / "config.json").read_text())
-    t = json.loads((model / "config.json").read_text())
+    h = read_config(head / "config.json", f"EAGLE-3 head {head}")
+    t = read_config(model / "config.json", f"target model {model}")
     t = t.get("text_config", t)
     problems = []
     if h.get("target_hidden_size", h.get("hidden_size")) != t["hidden_size"]:

@@ -1,19 +1,39 @@
 """Preflight refuses a bad input before anything starts, dry runs included, naming the value and the fix:
-prompt sets, model folders, the engine's environment, the tracking store."""
+prompt sets, model folders and EAGLE-3 heads, the engine's environment, the tracking store, the folders a run
+writes."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import resource
 import shutil
 import socket
+import sqlite3
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SMOLLM2, compose_cfg
+from conftest import CONF, SMOLLM2, compose_cfg, run_workspace
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from mlflow.tracking import MlflowClient
+from omegaconf import open_dict
 
 from experiments.harness import preflight
-from experiments.harness.preflight import Refused, check_engine_env, check_inputs, check_tracking
+from experiments.harness.preflight import (
+    Refused,
+    check_assets,
+    check_engine_env,
+    check_head_fits,
+    check_head_loads,
+    check_inputs,
+    check_moe_model,
+    check_tracking,
+)
 from experiments.harness.server import POOL
 from experiments.run import experiment
 
@@ -122,3 +142,227 @@ def test_tracking_server_that_does_not_answer_is_refused_within_seconds(tmp_path
         with pytest.raises(Refused, match=r"no answer within .*Timeout"):
             check_tracking(_dry(tmp_path, f"tracking.uri=http://127.0.0.1:{silent.getsockname()[1]}"))
         assert time.monotonic() - started < 3
+
+
+# Command-line refusals: settings that are refused later (no engine interpreter, no prompt file) ride along, so a
+# check that does not refuse first shows up as the wrong message; the console is made wide so that no path wraps.
+REFUSAL_BUDGET_S = 10
+LATER_REFUSALS = ("engine.python=/nonexistent/engine/python", "workload=file")
+HEAD = {"hidden_size": 576, "vocab_size": 49152, "draft_vocab_size": 4096,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}}
+TARGET = {"hidden_size": 576, "vocab_size": 49152, "num_hidden_layers": 30}
+BROKEN_JSON = '{\n  "hidden_size": 576,\n  "vocab_size": \n}\n'   # "Expecting value" at line 4, column 1
+
+
+def _refused_from_cli(tmp_path: Path, *overrides: str) -> str:
+    """`python -m experiments.run ...` refused within the budget with no engine: the message, unwrapped."""
+    started, cpu = time.monotonic(), _children_cpu_s()
+    out = run_workspace(*LATER_REFUSALS, f"workload.prompt_set={tmp_path / 'no-prompts.jsonl'}",
+                        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                        f"tracking.artifact_root={tmp_path / 'artifacts'}", f"hydra.run.dir={tmp_path / 'out'}",
+                        *overrides, env={"COLUMNS": "1000"}, timeout=60)
+    elapsed, cpu = time.monotonic() - started, _children_cpu_s() - cpu
+    said = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 2, said[-3000:]
+    assert elapsed < REFUSAL_BUDGET_S, (f"refused after {elapsed:.1f} s ({cpu:.1f} s of CPU, load average "
+                                        f"{os.getloadavg()[0]:.1f})")
+    assert "Traceback" not in said and "starting vllm" not in said and "validated by" not in said
+    return said
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _head(folder: Path, text: str) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(text)
+    return folder
+
+
+def _model(folder: Path, config_text: str) -> Path:
+    _head(folder, config_text)
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+BROKEN_CONFIGS = {
+    "head not JSON": (lambda d: [f"spec.draft_model={_head(d / 'head', BROKEN_JSON)}"],
+                      "head/config.json is not valid JSON (Expecting value at line 4, column 1)"),
+    "head not an object": (lambda d: [f"spec.draft_model={_head(d / 'head', '[1, 2]')}"],
+                           "head/config.json holds an array, not a JSON object"),
+    "target not JSON": (lambda d: [f"spec.draft_model={_head(d / 'head', json.dumps(HEAD))}",
+                                   f"model.path={_model(d / 'target', BROKEN_JSON)}"],
+                        "target/config.json is not valid JSON (Expecting value at line 4, column 1)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_a_broken_config_json_is_refused_from_the_command_line_naming_the_file(tmp_path: Path, case: str) -> None:
+    make, words = BROKEN_CONFIGS[case]
+    said = _refused_from_cli(tmp_path, "+option=C", *make(tmp_path))
+    assert "refused: " in said and f"{tmp_path}/{words}" in said, said[-2000:]
+
+
+def test_every_config_json_preflight_reads_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """check_assets, the fit, the engine's load check and the MoE check read config.json through one helper."""
+    head, target = _head(tmp_path / "head", json.dumps(HEAD)), _model(tmp_path / "target", '"a string"')
+    with pytest.raises(Refused, match=r"target model .*target: .*target/config\.json holds a string, not a JSON"):
+        check_head_fits(head, target)
+    (head / "config.json").write_text(BROKEN_JSON)
+    good = _model(tmp_path / "good", json.dumps(TARGET))
+    cfg = compose_cfg("+option=C", f"spec.draft_model={head}", f"model.path={good}")
+    with pytest.raises(Refused, match=r"EAGLE-3 head .*head/config\.json is not valid JSON .*line 4, column 1"):
+        check_head_loads(cfg, head)
+    with pytest.raises(Refused, match=r"EAGLE-3 head .*head/config\.json is not valid JSON"):
+        check_assets(cfg)
+    cfg = compose_cfg("+option=A", "spec.moe_expert_budget=4", f"model.path={target}")
+    with pytest.raises(Refused, match=r"model smollm2_135m: .*target/config\.json holds a string"):
+        check_moe_model(cfg)
+
+
+def test_head_checks_run_in_check_inputs_where_the_head_is_an_input(tmp_path: Path) -> None:
+    """C needs its head (a dry run only one that is here: the box's is checked where it is served); D trains it."""
+    missing = tmp_path / "no-head"
+    store = (f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'art'}")
+    with pytest.raises(Refused, match=r"EAGLE-3 head not found at .*no-head: train one with \+option=D"):
+        check_inputs(compose_cfg("+option=C", f"spec.draft_model={missing}", *store))
+    check_inputs(compose_cfg("+option=C", f"spec.draft_model={missing}", "run.dry_run=true", *store))
+    check_inputs(compose_cfg("+option=D", f"train.out_dir={missing}", *store))
+    assert not missing.exists()
+
+
+def _not_sqlite(db: Path) -> None:
+    db.write_bytes(b"this is no database\n" * 20)
+
+
+def _foreign_sqlite(db: Path) -> None:
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE notes (text TEXT)")
+        con.execute("INSERT INTO notes VALUES ('mine')")
+    con.close()
+
+
+BAD_STORES = {
+    "garbage": (_not_sqlite, "is not a SQLite database"),
+    "foreign SQLite": (_foreign_sqlite, "is a SQLite database but not an MLflow store"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STORES))
+def test_a_store_file_that_is_no_mlflow_store_is_refused_from_the_command_line_and_left_intact(
+        tmp_path: Path, case: str) -> None:
+    make, words = BAD_STORES[case]
+    db = tmp_path / "x" / "mlflow.db"
+    db.parent.mkdir()
+    make(db)
+    before = db.read_bytes()
+    said = _refused_from_cli(tmp_path, "+option=A", f"tracking.uri=sqlite:///{db}")
+    assert f"tracking.uri=sqlite:///{db}: {db} {words}" in said, said[-2000:]
+    assert db.read_bytes() == before
+
+
+def test_a_new_empty_or_mlflow_sqlite_store_passes_and_is_left_as_it_was(tmp_path: Path) -> None:
+    def check(db: Path, *overrides: str) -> None:
+        check_tracking(_dry(tmp_path, f"tracking.uri=sqlite:///{db}", *overrides))
+
+    check(tmp_path / "new" / "mlflow.db")
+    assert not (tmp_path / "new" / "mlflow.db").exists()
+    (tmp_path / "empty.db").write_bytes(b"")
+    check(tmp_path / "empty.db")
+    assert (tmp_path / "empty.db").read_bytes() == b""
+    with sqlite3.connect(tmp_path / "tableless.db") as con:   # a database whose only table is gone
+        con.execute("CREATE TABLE t (x)")
+        con.execute("DROP TABLE t")
+    con.close()
+    check(tmp_path / "tableless.db")
+    MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").create_experiment(
+        "kept", artifact_location=(tmp_path / "kept").as_uri())
+    before = (tmp_path / "mlflow.db").read_bytes()
+    check(tmp_path / "mlflow.db", "tracking.experiment=kept")
+    assert (tmp_path / "mlflow.db").read_bytes() == before
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())   # checked, probe removed
+
+
+@pytest.fixture
+def unwritable(tmp_path: Path) -> Iterator[Path]:
+    """An existing folder no file can be created in: mode 0o555, and where that does not stop writes (root) the
+    immutable attribute too; skipped where neither does."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if _writable(folder):
+        _chattr("+i", folder)
+    try:
+        if _writable(folder):
+            pytest.skip("neither mode 0o555 nor chattr +i stops writes here")
+        yield folder
+    finally:
+        _chattr("-i", folder)
+        folder.chmod(0o755)
+
+
+def _chattr(flag: str, folder: Path) -> None:
+    if shutil.which("chattr"):
+        subprocess.run(["chattr", flag, str(folder)], capture_output=True, check=False)
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        (folder / "probe").touch()
+    except OSError:
+        return False
+    (folder / "probe").unlink()
+    return True
+
+
+def _under_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "afile").write_text("")
+    return tmp_path / "afile" / "sub"
+
+
+def test_an_artifact_root_that_cannot_be_created_is_refused_from_the_command_line(tmp_path: Path) -> None:
+    folder = _under_a_file(tmp_path)
+    said = _refused_from_cli(tmp_path, "+option=A", f"tracking.artifact_root={folder}")
+    assert (f"tracking.artifact_root={folder}: cannot create the folder {folder}" in said
+            and "set tracking.artifact_root to a writable folder" in said), said[-2000:]
+
+
+def test_a_read_only_artifact_root_is_refused_from_the_command_line(tmp_path: Path, unwritable: Path) -> None:
+    said = _refused_from_cli(tmp_path, "+option=A", f"tracking.artifact_root={unwritable}")
+    assert (f"tracking.artifact_root={unwritable}: cannot write in the folder {unwritable}" in said
+            and "set tracking.artifact_root to a writable folder" in said), said[-2000:]
+
+
+def test_an_existing_experiment_whose_artifact_folder_cannot_be_written_is_refused(tmp_path: Path) -> None:
+    """Its location was fixed when it was created: tracking.artifact_root does not move it."""
+    folder = _under_a_file(tmp_path)
+    db = tmp_path / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").create_experiment("old", artifact_location=folder.as_uri())
+    said = _refused_from_cli(tmp_path, "+option=A", "tracking.experiment=old")
+    assert (f"the artifact location of experiment old (store tracking.uri=sqlite:///{db}): cannot create the "
+            f"folder {folder}" in said and "set tracking.experiment to a new name" in said), said[-2000:]
+
+
+def test_a_read_only_output_folder_is_refused_from_the_command_line(tmp_path: Path, unwritable: Path) -> None:
+    """Hydra itself writes there first unless told not to (no .hydra/ copy, no log file)."""
+    said = _refused_from_cli(tmp_path, "+option=A", f"hydra.run.dir={unwritable}", "hydra.output_subdir=null",
+                             "hydra/job_logging=disabled")
+    assert (f"the run's output folder (hydra.run.dir): cannot write in the folder {unwritable}" in said
+            and "set hydra.run.dir to a writable folder" in said), said[-2000:]
+
+
+def test_an_output_folder_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
+    folder = _under_a_file(tmp_path)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+option=A"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(folder)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        with pytest.raises(Refused, match=rf"\(hydra\.run\.dir\): cannot create the folder {re.escape(str(folder))}"):
+            check_inputs(_dry(tmp_path))
+    finally:
+        HydraConfig.instance().cfg = None
+    check_inputs(_dry(tmp_path))   # no Hydra: no output folder to check
