@@ -12,12 +12,14 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import get_method
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from experiments.analysis.forecast_run import forecast_check, log_forecast
 from experiments.analysis.post_run import log_run_analysis
@@ -30,6 +32,7 @@ from experiments.harness.preflight import Refused, check_inputs, check_option
 from experiments.harness.prepare import prepare_workload
 from experiments.harness.server import POOL
 from experiments.harness.workloads.formats import WorkloadError
+from experiments.tracking import redact
 
 SITE_ENV = "SPECWS_SITE"
 LOCAL_SITE = paths.ROOT / "conf" / "local" / "site.yaml"
@@ -63,6 +66,26 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _redact_hydra_folder(cfg: DictConfig) -> None:
+    """Register the secrets of the config, the command line and the environment, and mask them in the Hydra
+    folder (.hydra/*.yaml, a sweep's multirun.yaml) before a run uploads it."""
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException:   # the runner refuses it later, with its own message
+        container = OmegaConf.to_container(cfg, resolve=False)
+    hydra_cfg = HydraConfig.get()
+    redact.register_secrets(redact.secrets_of_config(container) | redact.secrets_of_environ(os.environ)
+                            | redact.secrets_of_overrides(hydra_cfg.overrides.task))
+    files = sorted((Path(hydra_cfg.runtime.output_dir) / ".hydra").glob("*.yaml"))
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        files += [p for p in [Path(hydra_cfg.sweep.dir) / "multirun.yaml"] if p.exists()]
+    for path in files:
+        try:
+            redact.redact_file(path)
+        except OSError as exc:
+            console.print(f"[yellow]could not redact {path}[/]: {exc}")
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -73,6 +96,7 @@ def main(cfg: DictConfig) -> dict | None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where a stuck run is
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    _redact_hydra_folder(cfg)
     try:
         return experiment(cfg)
     except (Refused, InvalidLaunch, PairingRefused) as exc:

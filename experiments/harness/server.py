@@ -15,6 +15,7 @@ import psutil
 
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.ports import free_port
+from experiments.tracking.redact import redact_file, redact_text
 
 PORT_IN_USE = ("address already in use", "errno 98")
 POLL_GRACE_S = 3.0   # the watchdog notices a gone group within one poll (1 s)
@@ -90,7 +91,7 @@ class Server:
     def _start_once(self, timeout_s: float, health_poll_s: float) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        log.write(f"$ {' '.join(self.spec.argv)}\n".encode())
+        log.write(f"$ {redact_text(' '.join(self.spec.argv))}\n".encode())
         log.flush()
         env = {**os.environ, **self.spec.env}
         self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -182,6 +183,10 @@ class Server:
         except subprocess.TimeoutExpired:
             pass
         self.proc = None
+        try:   # the group is gone: nothing writes the log any more
+            redact_file(self.log_path)
+        except OSError:
+            pass
         if self._watchdog is not None:   # it ends by itself once the group is gone; reap it
             try:
                 self._watchdog.wait(timeout=POLL_GRACE_S)

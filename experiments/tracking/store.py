@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.paths import ROOT
 from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
-from experiments.tracking.redact import redact_params
+from experiments.tracking.redact import redact_params, register_secrets, secrets_of_config, secrets_of_environ
+from experiments.tracking.redacting import RedactingClient
 
 try:
     import mlflow
@@ -55,9 +56,12 @@ def _store_lock(uri: str):
 
 def setup(cfg: DictConfig) -> tuple[Any, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder.
-    An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store)."""
+    An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store).
+    The client redacts what it writes: the secrets of the config and of this process's environment included."""
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])   # a sweep callback's has it, unresolvable
+    register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)) | secrets_of_environ(os.environ))
     if str(cfg.tracking.uri).startswith(URI_PREFIX):
-        client = OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX))
+        client = RedactingClient(OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX)))
         _fail_stale_once(client, str(cfg.tracking.uri), cfg.tracking.experiment)
         return client, cfg.tracking.experiment
     if mlflow is None:
@@ -67,7 +71,7 @@ def setup(cfg: DictConfig) -> tuple[Any, str]:
     from mlflow.tracking import MlflowClient
 
     with _store_lock(cfg.tracking.uri):
-        client = MlflowClient()
+        client = RedactingClient(MlflowClient())
         exp_id = _experiment_id(client, cfg)
     _fail_stale_once(client, str(cfg.tracking.uri), exp_id)
     return client, exp_id
