@@ -19,6 +19,17 @@ def _positive(section: str, **values: float | None) -> None:
             raise ConfigError(f"{section}.{key} must be > 0, got {value}")
 
 
+def _seconds_or_auto(key: str, value: Any) -> float | str | None:
+    """A number of seconds > 0 (as a float), `auto`, or None."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key} must be a number of seconds > 0, auto or null, got {value!r}")
+    if value <= 0:
+        raise ConfigError(f"{key} must be > 0, auto or null, got {value}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class WorkloadView:
     name: str
@@ -32,7 +43,8 @@ class WorkloadView:
     warmup_requests: int = 0
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
-    level_timeout_s: float | None = None
+    level_timeout_s: Any = "auto"      # seconds, `auto` (derived per slice from floor_tok_s) or None: none
+    floor_tok_s: float = 1.0
     max_error_share: float = 0.0
     num_prompts: int | None = None
     max_turns: int | None = None
@@ -41,7 +53,8 @@ class WorkloadView:
     def __post_init__(self) -> None:
         _positive("workload", max_tokens=self.max_tokens, repetitions=self.repetitions,
                   request_timeout_s=self.request_timeout_s, stall_timeout_s=self.stall_timeout_s,
-                  level_timeout_s=self.level_timeout_s, num_prompts=self.num_prompts, max_turns=self.max_turns)
+                  floor_tok_s=self.floor_tok_s, num_prompts=self.num_prompts, max_turns=self.max_turns)
+        object.__setattr__(self, "level_timeout_s", _seconds_or_auto("workload.level_timeout_s", self.level_timeout_s))
         if not 0.0 <= self.max_error_share <= 1.0:
             raise ConfigError(f"workload.max_error_share must be within [0, 1], got {self.max_error_share}")
         if not self.concurrency or min(self.concurrency) < 1:

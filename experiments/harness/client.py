@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import logging
@@ -26,6 +25,14 @@ except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
     parse_json, dump_json = json.loads, json.dumps
 
 from experiments.engines.base import EngineAdapter, StreamError
+from experiments.harness.deadlines import (
+    SKIPPED_AFTER_STALL,
+    LevelDeadline,
+    RequestSettings,
+    skip_after_hang,
+    takes_server_as_hung,
+)
+from experiments.harness.hostload import HostLoad, HostSampler
 from experiments.harness.server import Server
 from experiments.harness.workloads.formats import Conversation
 from experiments.harness.workloads.sampling import VisitPlan
@@ -52,7 +59,8 @@ class RequestRecord:
     meta: dict | None = None
     error: str | None = None
     error_kind: str | None = None        # http_<status>, error_event, no_finish, null_event, bad_json, truncated,
-                                         # stall, deadline, connection; skipped_after_stall: never sent
+                                         # stall, deadline, connection; skipped_after_stall: never sent (after
+                                         # a stall or a deadline missed while streaming, the server is hung)
 
     @property
     def itl_s(self) -> list[float]:
@@ -60,34 +68,12 @@ class RequestRecord:
         return [b - a for a, b in zip(t, t[1:], strict=False)]
 
 
-@dataclass(frozen=True)
-class RequestSettings:
-    max_tokens: int
-    temperature: float
-    seed: int
-    timeout_s: float                        # per request, from sending it to its last event (error kind `deadline`)
-    stall_timeout_s: float = 120.0          # before the first event and between two events (`stall`)
-    level_timeout_s: float | None = None    # per measured (level, repetition) slice; None: no deadline
-
-    def seed_for(self, prompt_id: str, turn: int) -> int | None:
-        """One seed per prompt and turn, the same for an option and its baseline; none when greedy."""
-        if self.temperature == 0.0:
-            return None
-        digest = hashlib.sha256(f"{self.seed}/{prompt_id}/{turn}".encode()).digest()
-        return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
 Render = Callable[[Conversation, int, list[str]], list[int]]
 # kinds that may mean the server is dying (an error event or a bad reply came from a live one)
 SERVER_FAULT_KINDS = frozenset({"stall", "deadline", "truncated", "connection"})
-
-
-SKIPPED_AFTER_STALL = "skipped_after_stall"
+__all__ = ["SKIPPED_AFTER_STALL", "LevelDeadline", "LevelResult", "RequestRecord", "RequestSettings",
+           "WarmupFailed", "WorkloadRunner", "fixed_prompts"]
 log = logging.getLogger(__name__)
-
-
-class LevelDeadline(RuntimeError):
-    """A measured level ran past `workload.level_timeout_s`; its finished requests are in the records file."""
 
 
 class WarmupFailed(RuntimeError):
@@ -120,12 +106,28 @@ class WarmupStats:
 
 
 @dataclass
+class _Clock:
+    """One request's timer: each stream event moves it on by the stall timeout, never past the deadline."""
+    loop: asyncio.AbstractEventLoop
+    timer: asyncio.Timeout
+    deadline: float          # on the loop's clock
+    stall_s: float
+    events: int = 0
+
+    def event(self) -> None:
+        self.events += 1
+        self.timer.reschedule(min(self.deadline, self.loop.time() + self.stall_s))
+
+
+@dataclass
 class LevelResult:
     concurrency: int
     wall_s: float
     records: list[RequestRecord]
     metrics_before: dict | None
     metrics_after: dict | None
+    deadline_s: float | None = None      # the slice's deadline (workload.level_timeout_s, derived when `auto`)
+    host: HostLoad | None = None         # the host's load by other processes over the slice
 
 
 class WorkloadRunner:
@@ -170,13 +172,13 @@ class WorkloadRunner:
 
     async def _warm_up(self, client, convs: list[Conversation], stage: str, concurrent: bool) -> None:
         """Unrecorded requests of warm-up conversations (never measured), one after another or all at once;
-        their errors are counted in `self.warmup`. After one stalls, the rest are not sent."""
+        their errors are counted in `self.warmup`. After one takes the server as hung, the rest are not sent."""
         records: list[RequestRecord] = []
-        stalled: list[RequestRecord] = []
+        hung: list[RequestRecord] = []
 
         async def one(conv: Conversation) -> None:
-            rec = self._record(conv, 0, 0, 0, [], sent=not stalled)
-            await self._send_unless_hung(client, rec, time.perf_counter(), stalled)
+            rec = self._record(conv, 0, 0, 0, [], sent=not hung)
+            await self._send_unless_hung(client, rec, time.perf_counter(), hung)
             records.append(rec)
 
         if concurrent:
@@ -186,15 +188,14 @@ class WorkloadRunner:
                 await one(conv)
         self.warmup.add(stage, records)
 
-    async def _send_unless_hung(self, client, rec: RequestRecord, t0: float, stalled: list[RequestRecord]) -> None:
-        """Send `rec`, unless a request of the same stage has stalled (`stalled` holds it): the server is then
-        taken as hung and `rec` is recorded as skipped. A request that stalls now is added to `stalled`."""
-        if stalled:
-            _skip(rec, stalled[0], self.settings.stall_timeout_s)
+    async def _send_unless_hung(self, client, rec: RequestRecord, t0: float, hung: list[RequestRecord]) -> None:
+        """Send `rec`, unless a request of the same stage has taken the server as hung (`hung` holds it: a stall,
+        or a deadline missed while streaming); `rec` is then recorded as skipped. One that does now joins `hung`."""
+        if hung:
+            skip_after_hang(rec, hung[0], self.settings)
             return
-        await self._request(client, rec, t0)
-        if rec.error_kind == "stall":
-            stalled.append(rec)
+        if await self._request(client, rec, t0):
+            hung.append(rec)
 
     def _record(self, conv: Conversation, level: int, rep: int, turn: int, answers: list[str],
                 sent: bool = True) -> RequestRecord:
@@ -210,16 +211,20 @@ class WorkloadRunner:
         sem = asyncio.Semaphore(level)
         records: list[RequestRecord] = []
         started = itertools.count()
-        stalled: list[RequestRecord] = []   # a stalled request: the server is taken as hung, the rest not sent
+        hung: list[RequestRecord] = []   # the request that took the server as hung: the rest are not sent
+        deadline = self.settings.level_deadline_s([c.num_turns for c in convs], level)
+        log.info("concurrency %d repetition %d: level deadline %s", level, rep,
+                 "none" if deadline is None else f"{deadline:.0f} s")
+        sampler = HostSampler.start()
         t0 = time.perf_counter()
 
         async def conversation(conv: Conversation) -> None:
             async with sem:
                 answers: list[str] = []
                 for turn in range(conv.num_turns):
-                    rec = self._record(conv, level, rep, turn, answers, sent=not stalled)
+                    rec = self._record(conv, level, rep, turn, answers, sent=not hung)
                     rec.order = next(started)
-                    await self._send_unless_hung(client, rec, t0, stalled)
+                    await self._send_unless_hung(client, rec, t0, hung)
                     records.append(rec)
                     with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
                         f.write(dump_json(vars(rec)) + "\n")
@@ -229,19 +234,20 @@ class WorkloadRunner:
                         return
                     answers.append(rec.text)
 
-        await self._await_level(asyncio.gather(*(conversation(c) for c in convs)), level, rep, records, total)
+        work = asyncio.gather(*(conversation(c) for c in convs))
+        await self._await_level(work, level, rep, records, total, deadline)
         wall = time.perf_counter() - t0
+        host = sampler.stop()
         if any(r.error_kind in SERVER_FAULT_KINDS for r in records):  # the first sign of a dying server?
             self.server.check_alive(wait_s=2.0)
         after = await self._scrape(client)
-        return LevelResult(level, wall, records, before, after)
+        return LevelResult(level, wall, records, before, after, deadline, host)
 
     async def _await_level(self, work: asyncio.Future, level: int, rep: int, records: list[RequestRecord],
-                           total: int) -> None:
-        """The level's requests, stopped early by a dying server (EngineDied) or the level deadline
+                           total: int, limit: float | None) -> None:
+        """The level's requests, stopped early by a dying server (EngineDied) or the level deadline `limit`
         (LevelDeadline); the requests still running then are cancelled and leave no record."""
         watch = asyncio.create_task(self._watch_server())
-        limit = self.settings.level_timeout_s
         done, _ = await asyncio.wait({work, watch}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
         if work not in done:
             work.cancel()
@@ -250,9 +256,9 @@ class WorkloadRunner:
         if watch in done:
             watch.result()  # raises EngineDied
         if not done:
-            raise LevelDeadline(f"concurrency {level} repetition {rep} ran past workload.level_timeout_s={limit} s "
-                                f"with {len(records)} of {total} requests done; their records are in "
-                                f"{self.records_path}")
+            raise LevelDeadline(f"concurrency {level} repetition {rep} ran past its deadline (workload.level_timeout_s="
+                                f"{self.settings.describe_level_timeout(limit)}) with {len(records)} of {total} "
+                                f"requests done; their records are in {self.records_path}")
         work.result()
 
     async def _watch_server(self) -> None:
@@ -268,8 +274,9 @@ class WorkloadRunner:
             return None
         return self.adapter.metrics_snapshot(text)
 
-    async def _request(self, client: aiohttp.ClientSession, rec: RequestRecord, t0: float) -> None:
-        """One streamed request into `rec`; a failure sets its `error` and `error_kind` and never raises."""
+    async def _request(self, client: aiohttp.ClientSession, rec: RequestRecord, t0: float) -> bool:
+        """One streamed request into `rec`; a failure sets its `error` and `error_kind` and never raises.
+        True when the failure takes the server as hung (a stall, a deadline missed while streaming)."""
         st = self.settings
         path, body = self.adapter.stream_request(rec.prompt_token_ids, st.max_tokens, st.temperature, self.model,
                                                  seed=rec.seed)
@@ -277,19 +284,22 @@ class WorkloadRunner:
         rec.start_s = start - t0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + st.timeout_s
-        timer = asyncio.timeout_at(min(deadline, loop.time() + st.stall_timeout_s))
+        clock = _Clock(loop, asyncio.timeout_at(min(deadline, loop.time() + st.stall_timeout_s)), deadline,
+                       st.stall_timeout_s)
+        timer = clock.timer
         try:
             async with timer:
-                await self._stream(client, path, body, rec, start, timer, deadline)
+                await self._stream(client, path, body, rec, start, clock)
             rec.e2e_s = time.perf_counter() - start
-            return
+            return False
         except StreamError as exc:
             rec.error_kind, rec.error = exc.kind, str(exc)
         except TimeoutError as exc:
             if not timer.expired():   # aiohttp's connect timeout
                 rec.error_kind, rec.error = "connection", f"{type(exc).__name__}: {exc}"
             elif timer.when() >= deadline:
-                rec.error_kind, rec.error = "deadline", f"not done after request_timeout_s={st.timeout_s} s"
+                rec.error_kind, rec.error = "deadline", (f"not done after request_timeout_s={st.timeout_s} s "
+                                                         f"({clock.events} stream events in)")
             else:
                 rec.error_kind, rec.error = "stall", f"no stream event for stall_timeout_s={st.stall_timeout_s} s"
         except aiohttp.ClientPayloadError as exc:   # the connection closed inside the reply
@@ -302,13 +312,12 @@ class WorkloadRunner:
             # a failed request is often the first sign of a dying server: stop the level then,
             # instead of firing the remaining requests at a closed port
             await asyncio.to_thread(self.server.check_alive, 2.0)
+        return takes_server_as_hung(rec, clock.events)
 
     async def _stream(self, client: aiohttp.ClientSession, path: str, body: dict, rec: RequestRecord, start: float,
-                      timer: asyncio.Timeout, deadline: float) -> None:
-        """Reads one streamed reply into `rec`; each event moves `timer` on by the stall timeout, never past the
-        request's `deadline`. Raises StreamError for a reply the request fails on."""
-        loop = asyncio.get_running_loop()
-        stall = self.settings.stall_timeout_s
+                      clock: _Clock) -> None:
+        """Reads one streamed reply into `rec`; each event moves `clock` on by the stall timeout, never past the
+        request's deadline. Raises StreamError for a reply the request fails on."""
         parse_raw, parse_event = self.adapter.parse_raw, self.adapter.parse_event
         finished = False
         async with client.post(path, json=body) as resp:
@@ -321,7 +330,7 @@ class WorkloadRunner:
                     raw = raw.strip()
                     if not raw.startswith(b"data:"):
                         continue
-                timer.reschedule(min(deadline, loop.time() + stall))
+                clock.event()
                 data = raw[5:].strip()              # one copy of a (cumulative, growing) event
                 if data == b"[DONE]":
                     break
@@ -348,14 +357,6 @@ class WorkloadRunner:
         if not finished:
             raise StreamError("no_finish", f"the stream ended after {len(rec.output_token_ids)} tokens without a "
                                            "finish event")
-
-
-def _skip(rec: RequestRecord, stalled: RequestRecord, stall_timeout_s: float) -> None:
-    """A request not sent because an earlier one of its level stalled: a hung server would cost every request
-    of the level a stall timeout; counted as an error of its own kind."""
-    rec.error_kind = SKIPPED_AFTER_STALL
-    rec.error = (f"not sent: request {stalled.prompt_id} (turn {stalled.turn}) got no stream event for "
-                 f"stall_timeout_s={stall_timeout_s} s, so the server is taken as hung")
 
 
 def fixed_prompts(token_ids: dict[str, list[int]], category: str = "all") -> tuple[list[Conversation], Render]:

@@ -8,6 +8,7 @@ import numpy as np
 
 from experiments.engines.base import Acceptance, EngineAdapter, merge_acceptance
 from experiments.harness.client import LevelResult
+from experiments.harness.hostload import combine
 
 PERCENTILES = (50, 90, 99)
 
@@ -65,17 +66,28 @@ def level_metrics(level: LevelResult) -> dict[str, float]:
     m.update(_pct("e2e", [r.e2e_s for r in ok]))
     m["tokens_per_chunk"] = out_tokens / max(1, sum(len(r.chunk_tokens) for r in ok))
     m.update(turn_metrics(level))
+    if level.deadline_s is not None:
+        m["level_deadline_s"] = level.deadline_s
+    if level.host is not None:
+        m.update(level.host.metrics())
     return m
 
 
 def by_concurrency(results: list[LevelResult]) -> list[LevelResult]:
     """One result per concurrency: its repetitions' records together, walls added (each repetition is a
-    disjoint slice measured back to back), engine counters from the first one's start to the last one's end."""
+    disjoint slice measured back to back), engine counters from the first one's start to the last one's end,
+    the longest slice deadline, the host's load over all of them."""
     grouped: dict[int, list[LevelResult]] = {}
     for r in results:
         grouped.setdefault(r.concurrency, []).append(r)
     return [LevelResult(c, sum(r.wall_s for r in rs), [rec for r in rs for rec in r.records],
-                        rs[0].metrics_before, rs[-1].metrics_after) for c, rs in grouped.items()]
+                        rs[0].metrics_before, rs[-1].metrics_after, _longest(r.deadline_s for r in rs),
+                        combine(r.host for r in rs if r.host is not None)) for c, rs in grouped.items()]
+
+
+def _longest(deadlines) -> float | None:
+    known = [d for d in deadlines if d is not None]
+    return max(known) if known else None
 
 
 def turn_metrics(level: LevelResult) -> dict[str, float]:
@@ -127,7 +139,15 @@ def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
         s.metrics.update(s.acceptance.as_metrics())
         for c, acc in s.acceptance_per_level.items():
             s.metrics[f"accept_length_c{c}"] = acc.accept_length
+    s.metrics.update(_host_metrics(levels, s.per_level))
     s.metrics["errors"] = float(s.errors)
     s.errors_by_kind = dict(kinds)
     s.metrics.update({f"errors_by_kind/{k}": float(n) for k, n in kinds.items()})
     return s
+
+
+def _host_metrics(levels: list[LevelResult], per_level: dict[int, dict[str, float]]) -> dict[str, float]:
+    """Run-level host load: the busiest level's other processes (host_loaded() reads it) and the machine's CPUs."""
+    busy = [m["host_other_cores_busy"] for m in per_level.values() if "host_other_cores_busy" in m]
+    cpus = [lv.host.cpus for lv in levels if lv.host is not None]
+    return {"host_other_cores_busy_max": max(busy), "host_cpu_count": float(cpus[0])} if busy and cpus else {}

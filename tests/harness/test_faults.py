@@ -3,6 +3,7 @@ workspace client runs through the proxy and each malformed or missing reply must
 its kind, a stalled or trickling stream must hit its deadline, and a level past its deadline must end the run."""
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -51,19 +52,20 @@ def proxy(tmp_path_factory, embedded_ready):
 
 
 def client_for(proxy, path: Path, prompts: int = 1, timeout_s: float = 60, stall_s: float = 60,
-               level_s: float | None = None, warmup: int = 0):
-    """The workspace client at concurrency 1 over the first `prompts` prompts, `warmup` of them warm-ups."""
+               level_s: float | str | None = None, warmup: int = 0, **settings):
+    """The workspace client at concurrency 1 over the first `prompts` prompts, `warmup` of them warm-ups;
+    `settings`: more RequestSettings fields."""
     server, model = proxy
     convs, render = fixed_prompts({k: PROMPTS[k] for k in list(PROMPTS)[:prompts]})
     plan = plan_visits(convs, [1], 1, warmup, 0, True)
-    settings = RequestSettings(MAX_TOKENS, 0.0, 0, timeout_s, stall_s, level_s)
-    return WorkloadRunner(server, VLLMAdapter(), model, settings, render, path), plan
+    request = RequestSettings(MAX_TOKENS, 0.0, 0, timeout_s, stall_s, level_s, **settings)
+    return WorkloadRunner(server, VLLMAdapter(), model, request, render, path), plan
 
 
 def run_through(proxy, path: Path, prompts: int = 1, timeout_s: float = 60, stall_s: float = 60,
-                level_s: float | None = None):
+                level_s: float | str | None = None, **settings):
     """The workspace client at concurrency 1 over the first `prompts` prompts; (level results, seconds taken)."""
-    runner, plan = client_for(proxy, path, prompts, timeout_s, stall_s, level_s)
+    runner, plan = client_for(proxy, path, prompts, timeout_s, stall_s, level_s, **settings)
     start = time.monotonic()
     levels = runner.run(plan)
     return levels, time.monotonic() - start
@@ -151,6 +153,39 @@ def test_a_hung_server_costs_one_stall_per_level_not_one_per_request(proxy, tmp_
     assert summary.errors == 3 and summary.metrics[f"errors_by_kind/{SKIPPED_AFTER_STALL}"] == 2.0
     with pytest.raises(TooManyErrors, match="3 of 3 requests failed"):
         check_error_share(summary, 0.0)
+
+
+@pytest.mark.slow
+def test_a_trickle_past_its_deadline_while_streaming_skips_the_rest_of_the_level(proxy, tmp_path: Path) -> None:
+    """Events keep coming, too slowly to finish (one byte each 5 ms: about one event a second, under the stall
+    timer): the first request's deadline takes the server as hung, as a stall would. The level's deadline and
+    the host's load are in its summary."""
+    set_fault(proxy[0], "trickle", every_s=0.005)
+    levels, took = run_through(proxy, tmp_path / "r.jsonl", prompts=3, timeout_s=5, stall_s=60, level_s="auto")
+    assert took < 5 + 8                               # one deadline, its liveness check, the level's end (not 3 x 5 s)
+    records = sorted(load_records(tmp_path / "r.jsonl"), key=lambda r: r["order"])
+    assert [r["error_kind"] for r in records] == ["deadline", SKIPPED_AFTER_STALL, SKIPPED_AFTER_STALL]
+    assert int(re.search(r"\((\d+) stream events in\)", records[0]["error"]).group(1)) > 0
+    assert "missed its request_timeout_s=5 s deadline while streaming" in records[1]["error"]
+    summary = summarize(levels, VLLMAdapter())
+    derived = RequestSettings(MAX_TOKENS, 0.0, 0, 5, 60, "auto").level_deadline_s([1, 1, 1], 1)
+    assert summary.per_level[1]["level_deadline_s"] == summary.metrics["level_deadline_s_c1"] == derived
+    assert {"host_load1_start", "host_load1_end", "host_other_cores_busy"} <= set(summary.per_level[1])
+    assert summary.metrics["host_other_cores_busy_max"] == summary.per_level[1]["host_other_cores_busy"]
+
+
+@pytest.mark.slow
+def test_a_derived_level_deadline_ends_the_level_with_the_records_so_far(proxy, tmp_path: Path) -> None:
+    """`level_timeout_s: auto` with a floor of 4 tok/s and 1 s before the first token: 3 rounds x (8 / 4 + 1) s;
+    the trickling second request keeps its events under the stall timer but is far slower than the floor."""
+    set_fault(proxy[0], "trickle", every_s=0.005, skip=1)
+    start = time.monotonic()
+    with pytest.raises(LevelDeadline, match=r"level_timeout_s=auto, 9 s at floor_tok_s=4.0\) with 1 of 3 requests"):
+        run_through(proxy, tmp_path / "r.jsonl", prompts=3, timeout_s=60, stall_s=6, level_s="auto", floor_tok_s=4.0,
+                    ttft_allowance_s=1.0)
+    assert time.monotonic() - start < 9 + 6
+    (record,) = load_records(tmp_path / "r.jsonl")
+    assert record["error"] is None and record["output_token_ids"]
 
 
 @pytest.mark.slow
