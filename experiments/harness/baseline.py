@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 
 from experiments.engines.config import engine_name, site_args
+from experiments.engines.served import Served, behaviour_settings
+from experiments.tracking.redact import redact_env
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -23,6 +25,7 @@ TopK = Callable[[list[int]], list[tuple[int, float]]]
 
 
 LIMIT_PARAM = "limits.effective."   # params of the limits a server reported running with
+HOST_LOADED_TAG = "specws.host_loaded"   # "true": other processes kept the host busy while it was measured
 
 
 class PairingRefused(RuntimeError):
@@ -30,22 +33,49 @@ class PairingRefused(RuntimeError):
 
 
 def pair_key(cfg: DictConfig, engine_version: str, prompts_digest: str) -> str:
-    """What must match for two runs to be compared: site, model, engine + version, server flags other
-    than speculation, the pinned engine limits, and the whole workload including the loaded prompts' content."""
+    """What must match for two runs to be compared: site, model, the engine (module, interpreter, version), every
+    server flag other than speculation, the engine's environment (engine.env and site.env; a secret-named value
+    counts by name only), the pinned engine limits, and the whole workload including the loaded prompts'
+    content."""
+    env = {**(OmegaConf.to_container(cfg.engine.env, resolve=True) or {}),
+           **(OmegaConf.to_container(cfg.site.env, resolve=True) or {})}
     ident = {"site": cfg.site.name, "model": cfg.model.name, "model_path": str(cfg.model.path),
-             "engine": engine_name(cfg), "engine_version": engine_version, "site_args": site_args(cfg),
-             "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
+             "engine": engine_name(cfg), "engine_version": engine_version, "engine_module": str(cfg.engine.module),
+             "engine_python": str(cfg.engine.python), "engine_env": redact_env({k: str(v) for k, v in env.items()}),
+             "site_args": site_args(cfg), "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
              "limits": OmegaConf.to_container(cfg.limits, resolve=True) if cfg.get("limits") else None,
-             "workload": OmegaConf.to_container(cfg.workload, resolve=True),
-             "prompts_sha": prompts_digest}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+             **_workload_ident(cfg, prompts_digest)}
+    return _digest(ident)
+
+
+def served_pair_key(cfg: DictConfig, served: Served, prompts_digest: str) -> str:
+    """The pairing key of a running server (`server.url`, `baseline.url`): its settings as read back from it, the
+    speculative and per-launch ones left out (experiments/engines/served.py), stand in for the command line."""
+    ident = {"site": cfg.site.name, "model": cfg.model.name, "engine": served.engine,
+             "engine_version": served.version, "served": behaviour_settings(served.settings),
+             **_workload_ident(cfg, prompts_digest)}
+    return _digest(ident)
+
+
+# how long the client waits: not what is measured, so a baseline stays reusable when they change
+NOT_MEASURED = ("request_timeout_s", "stall_timeout_s", "level_timeout_s", "floor_tok_s", "max_error_share")
+
+
+def _workload_ident(cfg: DictConfig, prompts_digest: str) -> dict:
+    workload = {k: v for k, v in OmegaConf.to_container(cfg.workload, resolve=True).items() if k not in NOT_MEASURED}
+    return {"workload": workload, "prompts_sha": prompts_digest}
+
+
+def _digest(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def find_baseline(client: MlflowClient, experiment_id: str, key: str, host: str,
-                  max_age_h: float) -> Run | None:
+                  max_age_h: float, allow_loaded_host: bool = False) -> Run | None:
     """The newest finished baseline with this pairing key that can stand in for a fresh one: no failed request,
-    measured on this host (same `specws.host` tag: machine, accelerator, engine environment) and at most
-    `max_age_h` hours ago -- the drift check. Engine limits are compared once the option's server is up."""
+    measured on this host (same `specws.host` tag: machine, accelerator, engine environment), at most
+    `max_age_h` hours ago -- the drift check -- and, unless `allow_loaded_host`, not on a host that other
+    processes kept busy (`specws.host_loaded`). Engine limits are compared once the option's server is up."""
     since = int((time.time() - max_age_h * 3600) * 1000)
     runs = client.search_runs(
         [experiment_id],
@@ -54,7 +84,9 @@ def find_baseline(client: MlflowClient, experiment_id: str, key: str, host: str,
                        f"AND attributes.start_time >= {since}"),
         order_by=["attributes.start_time DESC"], max_results=20)
     for run in runs:
-        if run.data.metrics.get("errors", 1.0) == 0.0 and run.data.tags.get("specws.host") == host:
+        loaded = run.data.tags.get(HOST_LOADED_TAG) == "true"
+        if run.data.metrics.get("errors", 1.0) == 0.0 and run.data.tags.get("specws.host") == host and \
+                (allow_loaded_host or not loaded):
             return run
     return None
 

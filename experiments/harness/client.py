@@ -215,7 +215,7 @@ class WorkloadRunner:
         deadline = self.settings.level_deadline_s([c.num_turns for c in convs], level)
         log.info("concurrency %d repetition %d: level deadline %s", level, rep,
                  "none" if deadline is None else f"{deadline:.0f} s")
-        sampler = HostSampler.start()
+        sampler = HostSampler.start(served_by=self.server.local_processes())
         t0 = time.perf_counter()
 
         async def conversation(conv: Conversation) -> None:

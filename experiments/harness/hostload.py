@@ -65,13 +65,16 @@ class _Sample:
 class HostSampler:
     """Samples the host at `start()` and at `stop()`; the window's HostLoad comes from the two."""
 
-    def __init__(self, root: psutil.Process | None = None):
+    def __init__(self, root: psutil.Process | None = None, served_by: Iterable[psutil.Process] = ()):
+        """`served_by`: the processes of a server on this host that the runner did not start (`server.url`):
+        their trees count as the measurement's own, not as other load."""
         self.root = root or psutil.Process()
+        self.served_by = list(served_by)
         self._first: _Sample | None = None
 
     @classmethod
-    def start(cls, root: psutil.Process | None = None) -> HostSampler:
-        sampler = cls(root)
+    def start(cls, root: psutil.Process | None = None, served_by: Iterable[psutil.Process] = ()) -> HostSampler:
+        sampler = cls(root, served_by)
         sampler._first = sampler._sample()
         return sampler
 
@@ -86,6 +89,9 @@ class HostSampler:
 
     def _sample(self) -> _Sample:
         tree_s, pids = tree_cpu_s(self.root)
+        for server in self.served_by:
+            server_s, server_pids = tree_cpu_s(server, exclude=pids)
+            tree_s, pids = tree_s + server_s, pids | server_pids
         return _Sample(time.monotonic(), os.getloadavg()[0], busy_cpu_s(), tree_s, frozenset(pids), gpu_pids())
 
 
@@ -96,14 +102,17 @@ def busy_cpu_s() -> float:
     return total - t.idle - getattr(t, "iowait", 0.0)
 
 
-def tree_cpu_s(root: psutil.Process) -> tuple[float, set[int]]:
-    """CPU seconds of `root` and its live descendants, with the reaped children of each; and their pids."""
-    total, pids = 0.0, set()
+def tree_cpu_s(root: psutil.Process, exclude: Iterable[int] = ()) -> tuple[float, set[int]]:
+    """CPU seconds of `root` and its live descendants, with the reaped children of each; and their pids
+    (those in `exclude` left out: already counted)."""
+    total, pids, skip = 0.0, set(), set(exclude)
     try:
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return 0.0, set()
     for p in procs:
+        if p.pid in skip:
+            continue
         try:
             t = p.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):   # gone since the listing: in its parent's children_*

@@ -1,7 +1,9 @@
-"""One measured MLflow run: server -> workload -> records -> summary -> metrics, plots, artifacts.
-Whatever happens, the run ends with a status (FINISHED / FAILED / KILLED) and keeps what it saw."""
+"""One measured MLflow run: server -> workload -> records -> summary -> metrics, then plots and artifacts.
+Whatever happens, the run ends with a status (FINISHED / FAILED / KILLED) and keeps what it saw: the metrics are
+in the store before any artifact is written, and a failed artifact write fails the run only after that."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -14,131 +16,193 @@ from rich.console import Console
 
 from experiments.engines import adapter_for, limits_mismatch
 from experiments.engines.base import Validation
-from experiments.harness.baseline import LIMIT_PARAM, PairingRefused, compare_greedy, compare_sampled, speedups
+from experiments.engines.served import Served
+from experiments.harness.attached import AttachedServer, check_first_visits
+from experiments.harness.baseline import (
+    HOST_LOADED_TAG,
+    LIMIT_PARAM,
+    PairingRefused,
+    compare_greedy,
+    compare_sampled,
+    speedups,
+)
 from experiments.harness.client import RequestSettings, WorkloadRunner
+from experiments.harness.hostload import host_loaded
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.prepare import PreparedWorkload
 from experiments.harness.server import POOL
-from experiments.harness.summary import check_error_share, summarize
+from experiments.harness.summary import Summary, check_error_share, summarize
 from experiments.tracking import plots
 from experiments.tracking.records import load_records, run_records
+from experiments.tracking.redact import redact_text
 from experiments.tracking.store import Metric, log_params
+from experiments.tracking.uploads import Uploads
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
 
 console = Console(stderr=True)
+PER_LEVEL_CHARTED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms")
 
 
-def log_common_artifacts(client: MlflowClient, run_id: str, spec: LaunchSpec) -> None:
-    client.log_dict(run_id, spec.to_dict(), "launch_spec.json")
+def log_common_artifacts(uploads: Uploads, target: LaunchSpec | Served) -> None:
+    """The launch spec (or the running server's own account of itself) and Hydra's folder."""
+    if isinstance(target, Served):
+        uploads.dict(target.to_dict(), "served_server.json")
+    else:
+        uploads.dict(target.to_dict(), "launch_spec.json")
     try:
         hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
-        if hydra_dir.exists():
-            client.log_artifacts(run_id, str(hydra_dir), ".hydra")
     except ValueError:  # HydraConfig not set: called outside a Hydra job
-        pass
+        return
+    if hydra_dir.exists():
+        uploads.folder(hydra_dir, ".hydra")
 
 
-def measure(client: MlflowClient, run_id: str, cfg: DictConfig, spec: LaunchSpec, out_dir: Path,
-            baseline: Run | None, prepared: PreparedWorkload, validation: Validation) -> dict[str, float]:
-    """Measure into the already created run `run_id`; raises on failure after logging what it has."""
-    adapter = adapter_for(spec.engine)
-    records_path = out_dir / f"records-{run_id}.jsonl"
-    log_path = out_dir / f"server-{spec.key}.log"
+def measure(client: MlflowClient, run_id: str, cfg: DictConfig, target: LaunchSpec | Served, records_path: Path,
+            baseline: Run | None, prepared: PreparedWorkload, validation: Validation | None,
+            uploads: Uploads) -> dict[str, float]:
+    """Measure into the already created run `run_id`; raises on failure after logging what it has. Artifact
+    writes go through `uploads`, which never raises: the caller fails the run with its first failure last."""
+    engine = target.engine
+    adapter = adapter_for(engine)
+    log_path = records_path.parent / f"server-{_server_key(target)}.log"
     server = runner = None
     try:
-        console.print(f"[bold]{cfg.option.name}[/]: starting {spec.engine} ({' '.join(spec.args)})")
-        server, reused = _server_for(cfg, spec, log_path, prepared)
-        client.set_tag(run_id, "specws.server_reused", str(reused))
-        client.set_tag(run_id, "specws.port", str(spec.port))
-        client.set_tag(run_id, "specws.server_pid", str(server.proc.pid))   # the process this runner started
-        limits = adapter.effective_limits(server.base_url, validation)
-        _log_limits(client, run_id, limits, baseline)
+        server = _server_for(client, run_id, cfg, target, log_path, prepared)
+        limits = target.limits if isinstance(target, Served) else adapter.effective_limits(server.base_url, validation)
+        _log_limits(client, uploads, run_id, limits, baseline)
         w = prepared.workload
         settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s, w.stall_timeout_s,
-                                   w.level_timeout_s)
+                                   w.level_timeout_s, w.floor_tok_s, engine_slots=_engine_slots(limits))
         runner = WorkloadRunner(server, adapter, cfg.model.name, settings, prepared.render(), records_path)
-        levels = runner.run(prepared.plan)
-        summary = summarize(levels, adapter)
-        metrics = dict(summary.metrics)
-        for c, m in summary.per_level.items():
-            for k in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms"):
-                if k in m:  # step = concurrency: MLflow's chart of a metric against its step
-                    client.log_metric(run_id, f"by_concurrency/{k}", m[k], step=c)
-        if summary.acceptance is not None:
-            client.log_figure(run_id, plots.acceptance_figure(summary.acceptance), "plots/acceptance.png")
-            client.log_dict(run_id, asdict(summary.acceptance), "acceptance.json")
-        base_tok_s = None
+        summary = summarize(runner.run(prepared.plan), adapter)
+        metrics = _measured_metrics(summary, baseline)
+        _log_metrics(client, run_id, metrics, summary)     # first: nothing after this can lose the measurement
+        loaded = host_loaded(summary.per_level, os.cpu_count() or 1, float(cfg.baseline.loaded_host_share))
+        client.set_tag(run_id, HOST_LOADED_TAG, str(loaded).lower())
+        if loaded:
+            console.print(f"[yellow]other processes kept up to {metrics.get('host_other_cores_busy_max', 0):.1f} "
+                          "cores busy while this run measured: not reused as a baseline[/]")
         if baseline is not None:
-            bm = baseline.data.metrics
-            metrics.update(speedups(metrics, bm))
             client.set_tag(run_id, "specws.baseline_run_id", baseline.info.run_id)
-            base_tok_s = {int(k.removeprefix("output_tok_s_c")): v for k, v in bm.items()
-                          if k.startswith("output_tok_s_c")}
-        # per level, for the post-run prediction (experiments/analysis/predict.py), which reads them back
-        metrics.update({f"spec_drafts_c{c}": float(a.drafts) for c, a in summary.acceptance_per_level.items()})
-        tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
-        client.log_figure(run_id, plots.throughput_vs_concurrency(tok_s, base_tok_s, cfg.option.name),
-                          "plots/throughput_vs_concurrency.png")
-        _log_summary(client, run_id, metrics, summary)
+        _log_plots(uploads, summary, baseline, cfg.option.name)
         if baseline is not None:  # after the measurement is logged: a check that fails must not take it along
-            metrics.update(_agreement_check(client, run_id, baseline, records_path, server, adapter, cfg,
-                                            greedy=w.temperature == 0.0))
-            _log_summary(client, run_id, metrics, summary)
+            agreement = _agreement_check(client, uploads, run_id, baseline, records_path, server, adapter, cfg,
+                                         greedy=w.temperature == 0.0)
+            _log_metrics(client, run_id, agreement, None)
+            metrics.update(agreement)
+        uploads.dict({"metrics": metrics, "per_level": summary.per_level}, "summary.json")
         _report(cfg, metrics)
         check_error_share(summary, w.max_error_share)   # after logging: a failed run keeps its numbers
         return metrics
     finally:
-        if runner is not None:
-            _log_warmup(client, run_id, runner.warmup)
-        _log_patches(client, run_id, spec, log_path if log_path.exists() else server.log_path if server else None)
-        if records_path.exists():
-            client.log_artifact(run_id, str(records_path), "records")
-        if log_path.exists():
-            client.log_artifact(run_id, str(log_path), "server")
-        elif server is not None and server.log_path.exists():
-            client.log_artifact(run_id, str(server.log_path), "server")
+        _log_outputs(client, uploads, run_id, target, runner, server, log_path, records_path)
 
 
-def _log_warmup(client: MlflowClient, run_id: str, warmup) -> None:
+def _engine_slots(limits: dict) -> int | None:
+    """Requests the server runs at once, as it reported (a level above it queues in the engine)."""
+    for key in ("effective_max_running_requests", "max_running_requests", "max_num_seqs"):
+        try:
+            return int(float(limits[key]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def _server_key(target: LaunchSpec | Served) -> str:
+    return target.key if isinstance(target, LaunchSpec) else "attached"
+
+
+def _measured_metrics(summary: Summary, baseline: Run | None) -> dict[str, float]:
+    metrics = dict(summary.metrics)
+    if baseline is not None:
+        metrics.update(speedups(metrics, baseline.data.metrics))
+    # per level, for the post-run prediction (experiments/analysis/predict.py), which reads them back
+    metrics.update({f"spec_drafts_c{c}": float(a.drafts) for c, a in summary.acceptance_per_level.items()})
+    return metrics
+
+
+def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], summary: Summary | None) -> None:
+    """The run's metrics in one batch per 1000; per level also as `by_concurrency/<name>` with step =
+    concurrency (MLflow's chart of a metric against its step)."""
+    now = _now_ms()
+    rows = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    if summary is not None:
+        rows += [Metric(f"by_concurrency/{k}", float(m[k]), now, int(c)) for c, m in summary.per_level.items()
+                 for k in PER_LEVEL_CHARTED if k in m]
+    for start in range(0, len(rows), 1000):
+        client.log_batch(run_id, metrics=rows[start:start + 1000])
+
+
+def _log_plots(uploads: Uploads, summary: Summary, baseline: Run | None, option: str) -> None:
+    if summary.acceptance is not None:
+        uploads.figure(lambda: plots.acceptance_figure(summary.acceptance), "plots/acceptance.png")
+        uploads.dict(asdict(summary.acceptance), "acceptance.json")
+    base_tok_s = None
+    if baseline is not None:
+        base_tok_s = {int(k.removeprefix("output_tok_s_c")): v for k, v in baseline.data.metrics.items()
+                      if k.startswith("output_tok_s_c")}
+    tok_s = {c: m["output_tok_s"] for c, m in summary.per_level.items()}
+    uploads.figure(lambda: plots.throughput_vs_concurrency(tok_s, base_tok_s, option),
+                   "plots/throughput_vs_concurrency.png")
+
+
+def _log_outputs(client, uploads: Uploads, run_id: str, target, runner, server, log_path: Path,
+                 records_path: Path) -> None:
+    """What the run saw besides its metrics, on every way out; never raises (uploads keeps the failures)."""
+    if runner is not None:
+        uploads.write("warm-up metrics", lambda: _log_warmup(client, uploads, run_id, runner.warmup))
+    server_log = log_path if log_path.exists() else getattr(server, "log_path", None)
+    if isinstance(target, LaunchSpec):
+        uploads.write("sglang_patches.json", lambda: _log_patches(client, run_id, target, server_log))
+    if records_path.exists():
+        uploads.file(records_path, "records")
+    if server_log is not None and server_log.exists():
+        uploads.file(server_log, "server")
+
+
+def _log_warmup(client: MlflowClient, uploads: Uploads, run_id: str, warmup) -> None:
     """Warm-up requests are not measured, but how many failed, and how, is kept (a failing one is a warning)."""
     client.log_batch(run_id, metrics=[Metric(k, v, _now_ms(), 0) for k, v in warmup.metrics().items()])
     if warmup.failures:
-        client.log_dict(run_id, warmup.failures, "warmup_errors.json")
+        uploads.dict(warmup.failures, "warmup_errors.json")
 
 
-def _log_summary(client: MlflowClient, run_id: str, metrics: dict[str, float], summary) -> None:
-    client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items()])
-    client.log_dict(run_id, {"metrics": metrics, "per_level": summary.per_level}, "summary.json")
-
-
-def _agreement_check(client: MlflowClient, run_id: str, baseline: Run, records_path: Path, server, adapter,
-                     cfg: DictConfig, greedy: bool) -> dict:
-    """Greedy agreement with the baseline (temperature 0), else the distribution check of sampled outputs."""
-    if greedy:
-        return _greedy_check(client, run_id, baseline, records_path, server, adapter, cfg)
-    return _sampled_check(client, run_id, baseline, records_path)
-
-
-def _server_for(cfg: DictConfig, spec: LaunchSpec, log_path: Path, prepared: PreparedWorkload):
-    """A healthy server; a reused one that has already served one of this run's measured prompts is replaced
-    by a fresh one (its caches would measure the earlier visits) unless the workload reuses prompts."""
+def _server_for(client, run_id: str, cfg: DictConfig, target: LaunchSpec | Served, log_path: Path,
+                prepared: PreparedWorkload):
+    """A healthy server: the running one of `server.url`, whose earlier visits must not include this run's
+    measured prompts; else one from the pool, where a reused one that has already served one of them is
+    replaced by a fresh one (its caches would measure the earlier visits), unless the workload reuses prompts."""
+    measured = prepared.measured_ids()
+    if isinstance(target, Served):
+        server = AttachedServer(target, str(cfg.engine.health_path))
+        seen = check_first_visits(server, measured, prepared.workload.reuse_prompts)
+        client.set_tag(run_id, "specws.server_url", target.url)
+        client.set_tag(run_id, "specws.server_instance", target.instance)
+        client.set_tag(run_id, "specws.server_prior_visits", str(seen))
+        console.print(f"[bold]{cfg.option.name}[/]: measuring the running {target.engine} {target.version} server "
+                      f"at {target.url}")
+        return server
+    console.print(f"[bold]{cfg.option.name}[/]: starting {target.engine} ({redact_text(' '.join(target.args))})")
     s = cfg.server
-    server, reused = POOL.acquire(spec, log_path, s.startup_timeout_s, s.port, s.reuse, s.pool_size)
-    seen = server.visits.seen(prepared.measured_ids()) if reused and not prepared.workload.reuse_prompts else set()
+    server, reused = POOL.acquire(target, log_path, s.startup_timeout_s, s.port, s.reuse, s.pool_size)
+    seen = server.visits.seen(measured) if reused and not prepared.workload.reuse_prompts else set()
     if seen:
         console.print(f"the shared server has already served {len(seen)} of this run's prompts: starting a fresh one")
-        server, reused = POOL.acquire(spec, log_path, s.startup_timeout_s, s.port, False, s.pool_size)
-    return server, reused
+        server, reused = POOL.acquire(target, log_path, s.startup_timeout_s, s.port, False, s.pool_size)
+    client.set_tag(run_id, "specws.server_reused", str(reused))
+    client.set_tag(run_id, "specws.port", str(target.port))
+    client.set_tag(run_id, "specws.server_pid", str(server.proc.pid))   # the process this runner started
+    return server
 
 
-def _log_limits(client: MlflowClient, run_id: str, limits: dict, baseline: Run | None) -> None:
+def _log_limits(client: MlflowClient, uploads: Uploads, run_id: str, limits: dict, baseline: Run | None) -> None:
     """The limits the server really runs with, read back from it; an option is only judged against a baseline
     that ran under the same ones (SGLang lowers max_running_requests by itself in speculative mode)."""
     log_params(client, run_id, {f"{LIMIT_PARAM}{k}": str(v) for k, v in limits.items()})
-    client.log_dict(run_id, limits, "engine_limits.json")
+    uploads.dict(limits, "engine_limits.json")
     if baseline is None:
         return
     base = {k.removeprefix(LIMIT_PARAM): v for k, v in baseline.data.params.items() if k.startswith(LIMIT_PARAM)}
@@ -148,12 +212,26 @@ def _log_limits(client: MlflowClient, run_id: str, limits: dict, baseline: Run |
                              "(pin them with limits.* so that option and baseline run under the same ones)")
 
 
-def _sampled_check(client: MlflowClient, run_id: str, baseline: Run, records_path: Path) -> dict:
+def _agreement_check(client: MlflowClient, uploads: Uploads, run_id: str, baseline: Run, records_path: Path,
+                     server, adapter, cfg: DictConfig, greedy: bool) -> dict:
+    """Greedy agreement with the baseline (temperature 0), else the distribution check of sampled outputs."""
     base_records = run_records(client, baseline.info.run_id)
     if base_records is None:
         return {}
-    metrics, detail = compare_sampled(load_records(records_path), base_records)
-    client.log_dict(run_id, detail, "sampled_check.json")
+    records = load_records(records_path)
+    if not greedy:
+        metrics, detail = compare_sampled(records, base_records)
+        uploads.dict(detail, "sampled_check.json")
+        return metrics
+
+    def topk(ids: list[int]) -> list[tuple[int, float]]:
+        path, body = adapter.topk_request(ids, cfg.model.name)
+        resp = httpx.post(server.base_url + path, json=body, timeout=120)
+        resp.raise_for_status()
+        return adapter.parse_topk(resp.json())
+
+    metrics, rows = compare_greedy(records, base_records, topk, cfg.baseline.near_tie_margin)
+    uploads.dict(rows, "greedy_check.json")
     return metrics
 
 
@@ -166,23 +244,6 @@ def _log_patches(client, run_id: str, spec: LaunchSpec, log_path: Path | None) -
     parsed = parse_log(log_path.read_text(errors="replace"))
     client.set_tag(run_id, "sglang_patches.applied", applied_tag(parsed))
     client.log_dict(run_id, parsed, "sglang_patches.json")
-
-
-def _greedy_check(client, run_id, baseline: Run, records_path: Path, server, adapter, cfg) -> dict:
-    base_records = run_records(client, baseline.info.run_id)
-    if base_records is None:
-        return {}
-
-    def topk(ids: list[int]) -> list[tuple[int, float]]:
-        path, body = adapter.topk_request(ids, cfg.model.name)
-        resp = httpx.post(server.base_url + path, json=body, timeout=120)
-        resp.raise_for_status()
-        return adapter.parse_topk(resp.json())
-
-    metrics, rows = compare_greedy(load_records(records_path), base_records, topk,
-                                   cfg.baseline.near_tie_margin)
-    client.log_dict(run_id, rows, "greedy_check.json")
-    return metrics
 
 
 def _now_ms() -> int:

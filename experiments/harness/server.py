@@ -132,7 +132,7 @@ class Server:
             raise ForeignServer(f"{where} answers health, but the {self.spec.engine} server this runner started "
                                 f"exited (code {self.proc.returncode}): another process holds the port. Server log "
                                 f"({self.log_path}) ends with:\n{log_tail(self.log_path)}")
-        listening = _listening_pids(self.spec.port)   # None in it: a process we may not see (another user's)
+        listening = listening_pids(self.spec.port)   # None in it: a process we may not see (another user's)
         if listening and None not in listening and not listening & _our_pids(self.proc.pid):
             raise ForeignServer(f"{where} is served by pid(s) {sorted(listening)}, not by the {self.spec.engine} "
                                 f"server this runner started (pid {self.proc.pid}): another runner's or a stale "
@@ -151,6 +151,10 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def local_processes(self) -> list[psutil.Process]:
+        """Processes serving this server outside the runner's own tree: none, the runner started it."""
+        return []
 
     def check_alive(self, wait_s: float = 0.0) -> None:
         """Raise EngineDied if the server has exited (waiting up to `wait_s` for it to finish dying)."""
@@ -214,7 +218,7 @@ def served_model_name(args: list[str]) -> str | None:
     return None
 
 
-def _listening_pids(port: int) -> set[int | None]:
+def listening_pids(port: int) -> set[int | None]:
     """The processes listening on `port` (None for one this user may not see); empty when none can be listed."""
     try:
         conns = psutil.net_connections(kind="tcp")

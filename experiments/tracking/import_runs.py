@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tarfile
 import tempfile
 from pathlib import Path
@@ -20,6 +21,8 @@ from mlflow.tracking import MlflowClient
 from experiments.config.paths import ROOT
 from experiments.tracking.lifecycle import tracked_run
 from experiments.tracking.offline_store import OfflineClient
+from experiments.tracking.redact import register_secrets, secrets_of_environ
+from experiments.tracking.redacting import RedactingClient
 from experiments.tracking.store import log_prompt_dataset
 
 LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.training_run_id",
@@ -152,7 +155,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = offline_folder(args.source, Path(tmp))
         mlflow.set_tracking_uri(args.tracking_uri)
-        mapping = import_store(OfflineClient(folder), MlflowClient(), args.artifact_root)
+        register_secrets(secrets_of_environ(os.environ))   # a folder written before redaction existed, too
+        mapping = import_store(OfflineClient(folder), RedactingClient(MlflowClient()), args.artifact_root)
     print(f"{len(mapping)} runs in {args.tracking_uri}")
 
 

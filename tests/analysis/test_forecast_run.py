@@ -15,7 +15,7 @@ EXPERIMENT = "smollm2_135m@local"
 
 def args(tmp: Path) -> list[str]:
     return [f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"tracking.artifact_root={tmp / 'artifacts'}",
-            "workload=smoke", "workload.num_prompts=4",
+            "workload=smoke", "workload.num_prompts=4", "baseline.allow_loaded_host=true",
             'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]']
 
 

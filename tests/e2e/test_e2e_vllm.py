@@ -65,6 +65,7 @@ def sweep(tmp_path_factory, embedded_ready):
         # a server that has served a run's prompts is replaced by a fresh one (test_user_workloads)
         out = run_workspace("-m", "+option=A", "workload=smoke", "spec.num_draft_tokens=2,4",
                             "workload.max_tokens=24,32", "workload.reuse_prompts=true", f"server.port={taken}",
+                            "baseline.allow_loaded_host=true",   # CI's two workers share the cores
                             *store_args(tmp),
                             f"hydra.sweep.dir={tmp / 'sweep'}")
     return out, tmp, taken

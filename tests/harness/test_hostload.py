@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from experiments.harness.hostload import HostLoad, HostSampler, combine, host_loaded, parse_compute_apps
+from tests.helpers.busy import BUSY, busy_outsider
 
-BUSY = "while True: pass"
 WINDOW_S = 2.0
 
 
@@ -26,25 +26,8 @@ def _window(seconds: float = WINDOW_S) -> HostLoad:
 
 @pytest.fixture
 def outsider() -> Iterator[int]:
-    """A busy loop that is no descendant of this process: started by an intermediate process that exits at once,
-    so the loop is handed to init (or a subreaper outside this tree). Its output goes nowhere: an inherited pipe
-    would keep the intermediate's reader waiting."""
-    out = subprocess.run([sys.executable, "-c", "import subprocess, sys\n"
-                          f"p = subprocess.Popen([sys.executable, '-c', {BUSY!r}], start_new_session=True, "
-                          "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-                          "print(p.pid)"], capture_output=True, text=True, timeout=30, check=True)
-    pid = int(out.stdout)
-    try:
+    with busy_outsider() as pid:
         yield pid
-    finally:
-        _kill(pid)
-
-
-def _kill(pid: int) -> None:
-    try:
-        psutil.Process(pid).kill()
-    except psutil.NoSuchProcess:
-        pass
 
 
 def test_a_busy_process_outside_the_runner_tree_keeps_one_other_core_busy(outsider: int) -> None:

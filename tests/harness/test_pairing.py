@@ -54,3 +54,20 @@ def test_near_tie_margin_allows_float32_rounding(gap: float, kind: str) -> None:
     option = [{**base[0], "output_token_ids": [5, 9, 7]}]
     _, rows = compare_greedy(option, base, lambda ids: [(6, -1.0), (9, -1.0 - gap)], margin=0.25)
     assert rows[0]["kind"] == kind and rows[0]["first_divergence"] == 1
+
+
+def test_the_pairing_key_covers_what_changes_the_engine_not_its_speculation() -> None:
+    from conftest import compose_cfg
+
+    from experiments.harness.baseline import pair_key
+
+    def key(*overrides: str) -> str:
+        return pair_key(compose_cfg("+option=A", "site=local", *overrides), "0.32.0", "prompts")
+
+    plain = key()
+    assert key("engine.env.VLLM_CPU_KVCACHE_SPACE=1") != plain
+    assert key("engine.module=vllm.entrypoints.cli.main") != plain
+    assert key("engine.python=/opt/other/python") != plain
+    assert key("spec.num_draft_tokens=2") == plain            # the speculative flags are what is compared
+    assert key("+engine.env.HF_TOKEN=a") == key("+engine.env.HF_TOKEN=b")   # a secret counts by name only
+    assert pair_key(compose_cfg("+option=A", "site=local"), "0.32.1", "prompts") != plain

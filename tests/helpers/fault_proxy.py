@@ -11,8 +11,13 @@ Faults, set with POST /fault {"kind": ..., options} (`set_fault`); kind `none` p
 - null_event: `after` events, then `data: null`, then the rest
 - bad_json: `after` events, then a line that is not JSON, then the rest
 - trickle: the whole reply, one byte every `every_s` seconds
+- delay: the whole reply as it is, after `delay_s` seconds
 `skip`: the first `skip` streaming requests after a configuration pass through untouched; `times`: the fault hits
 that many streaming requests after those, and the later ones pass (default: all of them).
+
+Rewrites of the JSON replies of other requests, set with POST /rewrite {"path": ..., "set": {dotted key: value}}
+(`set_rewrite`; an empty `set` clears it): the engine's own answer with those values replaced, e.g. a running
+server's settings on `/server_info` (the query string is not matched).
 
 `python -m tests.helpers.fault_proxy --upstream http://127.0.0.1:8000 --port 8123`, or from Python
 `start_fault_proxy(upstream_url)`: a started `experiments.harness.server.Server` (stop it when done).
@@ -36,7 +41,7 @@ from experiments.harness.launch import LaunchSpec
 from experiments.harness.server import Server
 
 MODULE = "tests.helpers.fault_proxy"
-FAULTS = ("none", "hang", "http_500", "error_event", "truncate", "null_event", "bad_json", "trickle")
+FAULTS = ("none", "hang", "http_500", "error_event", "truncate", "null_event", "bad_json", "trickle", "delay")
 ERROR_EVENT = {"error": {"object": "error", "message": "injected fault", "type": "InternalServerError", "code": 500}}
 DONE = b"data: [DONE]\n\n"
 
@@ -46,11 +51,13 @@ class FaultProxy:
         self.upstream = upstream.rstrip("/")
         self.fault: dict = {"kind": "none"}
         self.streams = 0          # streaming requests since the fault was set
+        self.rewrites: dict[str, dict] = {}   # path -> {dotted key: value} replaced in its JSON replies
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=2 ** 26)
         app.router.add_post("/fault", self.set_fault)
+        app.router.add_post("/rewrite", self.set_rewrite)
         app.router.add_route("*", "/{tail:.*}", self.forward)
         app.cleanup_ctx.append(self._session)
         return app
@@ -67,6 +74,11 @@ class FaultProxy:
         self.fault, self.streams = fault, 0
         return web.json_response(fault)
 
+    async def set_rewrite(self, request: web.Request) -> web.Response:
+        rule = await request.json()
+        self.rewrites[rule["path"]] = rule.get("set") or {}
+        return web.json_response(rule)
+
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         streaming = request.method == "POST" and _is_streaming(body)
@@ -75,11 +87,17 @@ class FaultProxy:
             await asyncio.Event().wait()
         if fault["kind"] == "http_500":
             return web.Response(status=500, text="injected fault: http_500")
+        if fault["kind"] == "delay":   # then the reply as it is
+            await asyncio.sleep(float(fault.get("delay_s", 5.0)))
+            fault = {"kind": "none"}
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
         async with self.session.request(request.method, self.upstream + request.rel_url.path_qs, data=body,
                                         headers=headers) as up:
             if not streaming or up.status != 200:
-                return web.Response(status=up.status, body=await up.read(), content_type=up.content_type)
+                reply = await up.read()
+                if self.rewrites.get(request.rel_url.path) and up.status == 200:
+                    reply = _rewritten(reply, self.rewrites[request.rel_url.path])
+                return web.Response(status=up.status, body=reply, content_type=up.content_type)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
             await self._relay(request, up, resp, fault)
@@ -123,6 +141,17 @@ async def _trickle(resp: web.StreamResponse, line: bytes, every_s: float) -> Non
         await asyncio.sleep(every_s)
 
 
+def _rewritten(reply: bytes, values: dict) -> bytes:
+    """A JSON reply with each dotted key set to its value (missing levels created)."""
+    doc = json.loads(reply)
+    for dotted, value in values.items():
+        node = doc
+        for part in dotted.split(".")[:-1]:
+            node = node.setdefault(part, {})
+        node[dotted.split(".")[-1]] = value
+    return json.dumps(doc).encode()
+
+
 def _is_streaming(body: bytes) -> bool:
     try:
         return bool(json.loads(body or b"{}").get("stream"))
@@ -143,6 +172,11 @@ def start_fault_proxy(upstream: str, log_path: Path | None = None, timeout_s: fl
 def set_fault(proxy: Server, kind: str, **options) -> None:
     """Inject `kind` (see the module docstring) into the streaming replies from now on."""
     httpx.post(proxy.base_url + "/fault", json={"kind": kind, **options}, timeout=10).raise_for_status()
+
+
+def set_rewrite(proxy: Server, path: str, values: dict) -> None:
+    """Replace `values` (dotted keys) in the JSON replies of `path` from now on; {} clears it."""
+    httpx.post(proxy.base_url + "/rewrite", json={"path": path, "set": values}, timeout=10).raise_for_status()
 
 
 def main() -> None:
