@@ -20,13 +20,15 @@ from experiments.engines.sglang_engine import server_info_limits
 
 # Differ between two launches of one command line (ids, ports, shared-memory names) or between a baseline and a
 # speculative server by construction (what speculation sets itself: the per-request spec metrics the adapter asks
-# for, vLLM's DP-sync choice, the CUDA-graph sizes derived from k, the KV blocks a draft model shares).
+# for, vLLM's DP-sync choice, the CUDA-graph sizes derived from k or capped by the site, the KV blocks a draft model
+# shares, SGLang's enable_mixed_chunk, arg_groups/speculative_hook.py in 0.5.14).
 VOLATILE = frozenset({"instance_id", "port", "host", "nccl_port", "dist_init_addr", "metrics_http_port",
                       "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME", "random_seed", "pid", "file_storage_path",
                       "per_request_spec_decode_metrics", "disable_nccl_for_dp_synchronization",
                       "cudagraph_capture_sizes", "max_cudagraph_capture_size", "bs_to_padded_graph_size",
                       "num_gpu_blocks", "kv_cache_memory_bytes", "kv_cache_size_tokens", "kv_cache_max_concurrency",
-                      "engine", "internal_states", "cuda_graph_bs", "version"})
+                      "engine", "internal_states", "cuda_graph_bs", "cuda_graph_config", "enable_mixed_chunk",
+                      "version", "kv_events"})
 SPEC_PREFIXES = (*SPEC_ONLY_PREFIXES, "speculative", "speculation")
 
 
