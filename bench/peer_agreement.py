@@ -4,7 +4,7 @@ server per configuration, the two clients alternating in the same run (ours, pee
 drift shows and ratios are taken within the run.
 
 Same inputs on both sides: our client sends token ids (chat-templated client-side,
-experiments/harness/workloads/prompts.py); the peer gets a `custom` dataset whose "prompt" is the same
+experiments/harness/workloads/render.py); the peer gets a `custom` dataset whose "prompt" is the same
 chat-templated text, with its own chat template off; the server's /tokenize of that text must give our ids
 exactly, and the per-request prompt tokens (ours: len(ids); peer: the server's usage.prompt_tokens) and vLLM's
 prompt-token counter per pass must agree.
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -44,7 +45,6 @@ from experiments.harness.launch import LaunchSpec
 from experiments.harness.server import Server
 from experiments.harness.summary import level_metrics
 from experiments.harness.workloads.formats import load_file
-from experiments.harness.workloads.prompts import Prompt
 from experiments.harness.workloads.render import render_turn, turn_messages
 from experiments.harness.workloads.sampling import VisitPlan
 
@@ -63,6 +63,12 @@ SERVER_COUNTERS = {"vllm:prompt_tokens": "prompt_tokens", "vllm:generation_token
 # `vllm bench serve` as the CLI runs it, with a stand-in for the pandas call of its `custom` dataset
 VLLM_BENCH_SERVE = Path(__file__).with_name("vllm_bench_serve.py")
 COMPARED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "accept_length")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    token_ids: list[int]
 
 
 # ---------------------------------------------------------------------------------------------- prompts

@@ -97,8 +97,8 @@ def _free_running(model, ids, max_new, k, budget, eos, path, prompt_set) -> tupl
 
 
 def run_offline(cfg: DictConfig) -> dict:
-    from experiments.harness.workloads.prompts import load_prompts
     from experiments.moe.model import load_model
+    from experiments.moe.workload import token_prompts
 
     if cfg.option is None or "moe_budget" not in (cfg.option.get("patches") or []):
         raise Refused("experiments.options.budget runs an option with the MoE expert budget (+option=E)")
@@ -113,7 +113,9 @@ def run_offline(cfg: DictConfig) -> dict:
     num_experts = model.config.n_routed_experts
     if budget < 1:
         raise Refused(f"spec.moe_expert_budget must be >= 1, got {budget}")
-    prompts = load_prompts(str(cfg.workload.prompt_set), path, cfg.workload.get("num_prompts"))
+    w = cfg.workload
+    prompts = token_prompts(str(w.prompt_set), path, w.get("num_prompts"), str(w.get("format", "auto")),
+                            w.get("max_turns"))
     eos = model.config.eos_token_id
     ids = [p.token_ids for p in prompts]
     mode = str(cfg.spec.get("offline_mode") or "teacher_text")
