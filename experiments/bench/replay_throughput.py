@@ -1,15 +1,10 @@
 """Replay speed: output tokens replayed per second per n-gram configuration, one core.
 
-`python bench/replay_throughput.py [--records FILE] [--copies 400]`: the records (default: a synthetic
+`python -m experiments.bench.replay_throughput [--records FILE] [--copies 400]`: the records (default: a synthetic
 workload whose outputs copy spans of their prompts) are tiled `copies` times; reported are the time of the
 first configuration (index built from scratch) and the mean over a grid that shares the index.
 """
 from __future__ import annotations
-
-import sys as _sys
-from pathlib import Path as _Path
-
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import argparse
 import os

@@ -1,20 +1,15 @@
 """Harness fidelity: the workspace client (experiments/harness/client.py WorkloadRunner) and SGLang's
 `python -m sglang.bench_serving`, side by side against one loopback server that streams tokens on a known
-schedule (tests/helpers/loopback_server.py).
+schedule (experiments/bench/loopback.py).
 
 Reported per client and protocol: TTFT and ITL error against the times the server really sent each event
 (p50 / p99 of |client - server|, in ms), and the streamed-token rate the client sustained.
 Scenarios: `schedule` (first token after 20 ms, then one token every 5 ms, 8 streams) for the timing
 error; `rate` (tokens streamed as fast as the server can, 32 streams) for the sustained rate.
 
-`python bench/harness_fidelity.py [--requests 32] [--tokens 256] [--json out.json]`
+`python -m experiments.bench.harness_fidelity [--requests 32] [--tokens 256] [--json out.json]`
 """
 from __future__ import annotations
-
-import sys as _sys
-from pathlib import Path as _Path
-
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import argparse
 import json
@@ -27,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.bench.loopback import reset, sent_times, start_loopback
 from experiments.config.paths import cache_dir
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
@@ -34,7 +30,6 @@ from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_pr
 from experiments.harness.server import Server
 from experiments.harness.workloads.sampling import plan_visits
 from experiments.tracking.records import load_records
-from tests.helpers.loopback_server import reset, sent_times, start_loopback
 
 TOKENIZER = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 # bench_serving imports, at module level, HF `datasets` (its MMMU loader) and, through sglang.srt, torchvision,

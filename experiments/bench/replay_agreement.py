@@ -1,13 +1,8 @@
 """Replay vs engine on every finished vLLM n-gram run of an experiment: a markdown table.
 
-`python bench/replay_agreement.py [--experiment smollm2_135m@local] [--tracking-uri ...]`
+`python -m experiments.bench.replay_agreement [--experiment smollm2_135m@local] [--tracking-uri ...]`
 """
 from __future__ import annotations
-
-import sys as _sys
-from pathlib import Path as _Path
-
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import argparse
 import os
