@@ -1,8 +1,10 @@
 """bin/kimi-plan: valid bash, every module it starts exists and parses its arguments, and every runner step's
-command composes and passes the runner's dry run (launch spec built, config logged to a real store) on the
-h200-kimi site, so that a lease is not spent on a run refused at its start."""
+command, as the plan passes it (bin/lib/plan.sh: COMMON, then the step's own overrides, which win), composes and
+passes the runner's dry run (launch spec built, config logged to a real store) on the h200-kimi site, so that a
+lease is not spent on a run refused at its start."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import compose_cfg
 
 from experiments.config.paths import ROOT
 
@@ -20,20 +23,25 @@ def plan_text() -> str:
     return PLAN.read_text()
 
 
-def common_overrides(model: Path, store: str) -> list[str]:
-    """The plan's COMMON array, with the host's paths replaced by this test's."""
-    body = re.search(r"COMMON=\((.*?)\)\n", plan_text(), re.S).group(1)
-    words = [w.strip('"') for w in body.split() if not w.startswith("${")]
-    return [w.replace("$MODEL", str(model)).replace("offline://$DEST/runs", store) for w in words]
+def planned_steps(dest: Path, **env: str) -> dict[str, list[str]]:
+    """The plan's steps as it would run them under `dest` (PLAN_DRY_RUN=1: bin/lib/plan.sh prints each
+    command line instead of running it): step name -> argv."""
+    base = {k: v for k, v in os.environ.items() if k not in ("KIMI_OVERRIDES", "PLAN_BUDGET_S", "KIMI_KERNELS")}
+    out = subprocess.run(["bash", str(PLAN)], env={**base, "SPECWS_DEST": str(dest), "OUT": str(dest / "out"),
+                                                   "PLAN_DRY_RUN": "1", **env},
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return {m[1]: shlex.split(m[2]) for m in re.finditer(r"^== dry-run (\S+): (.*)$", out, re.M)}
 
 
-def runner_steps() -> list[list[str]]:
-    lines = plan_text().replace("\\\n", " ").splitlines()
-    return [shlex.split(line)[2:] for line in lines if line.startswith("runner ")]
+def runner_steps(dest: Path, **env: str) -> dict[str, list[str]]:
+    """The runner steps' overrides, as the plan passes them to experiments.run."""
+    run = ["python3", "-m", "experiments.run"]
+    return {name: argv[3:] for name, argv in planned_steps(dest, **env).items() if argv[:3] == run}
 
 
 def test_plan_is_valid_bash() -> None:
-    assert subprocess.run(["bash", "-n", str(PLAN)]).returncode == 0
+    for script in (PLAN, ROOT / "bin" / "lib" / "plan.sh"):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
 
 
 @pytest.mark.parametrize("module", sorted(set(re.findall(r"python3 -m ([\w.]+)", plan_text())) - {"experiments.run"}))
@@ -43,14 +51,29 @@ def test_every_module_the_plan_starts_answers_help(module: str) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
 
 
+def test_a_steps_own_overrides_win_over_the_plans_common_ones(tmp_path: Path) -> None:
+    steps = runner_steps(tmp_path, KIMI_OVERRIDES="workload.num_prompts=64")
+
+    def composed(name: str):
+        return compose_cfg(*[o for o in steps[name] if not o.startswith("hydra.")])
+
+    mrr8 = composed("B-mrr8")
+    assert mrr8.workload.num_prompts == 32 and list(mrr8.workload.concurrency) == [1]
+    assert mrr8.limits.max_running_requests == 8 and not mrr8.baseline.pair
+    base = composed("baseline")
+    assert base.workload.num_prompts == 64 and list(base.workload.concurrency) == [1, 4, 16, 64]
+    assert composed("A-k2").spec.num_draft_tokens == 2
+
+
 def test_every_runner_step_passes_the_dry_run(tmp_path: Path, store: str) -> None:
-    model = tmp_path / "kimi"
-    subprocess.run([sys.executable, "-m", "experiments.moe.kimi_mini", "build", "--out", str(model)], cwd=ROOT,
-                   check=True, capture_output=True, timeout=120)
-    steps = runner_steps()
-    assert {s[0] for s in steps} >= {"+option=baseline", "+option=A", "+option=B", "+option=E"}
-    for n, step in enumerate(steps):
-        argv = [sys.executable, "-m", "experiments.run", *common_overrides(model, store), *step,
-                "run.dry_run=true", f"hydra.run.dir={tmp_path / f'h{n}'}"]
+    dest = tmp_path / "dest"
+    steps = planned_steps(dest)
+    subprocess.run([sys.executable, *steps["build"][1:]], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    runs = runner_steps(dest)
+    assert {"baseline", "A", "B", "E"} <= set(runs) and runs["baseline"][-2] == "+option=baseline"
+    for name, overrides in runs.items():
+        overrides = [f"tracking.uri={store}" if o.startswith("tracking.uri=") else o for o in overrides]
+        argv = [sys.executable, "-m", "experiments.run", *overrides, "run.dry_run=true",
+                f"hydra.run.dir={tmp_path / f'h-{name}'}"]
         out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
-        assert out.returncode == 0, (step, out.stdout[-1500:] + out.stderr[-3000:])
+        assert out.returncode == 0, (name, out.stdout[-1500:] + out.stderr[-3000:])

@@ -1,9 +1,13 @@
-"""bin/tp8-plan: valid bash, every module it starts exists and parses its arguments, and the site it names composes."""
+"""bin/tp8-plan: valid bash, every module it starts exists and parses its arguments, the site it names composes,
+and every runner step composes there as the plan passes it (bin/lib/plan.sh: COMMON, then the step's own)."""
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import compose_cfg
@@ -17,8 +21,19 @@ def modules() -> list[str]:
     return sorted(set(re.findall(r"python3 -m ([\w.]+)", PLAN.read_text())))
 
 
+def planned_steps(dest: Path, **env: str) -> dict[str, list[str]]:
+    """The plan's steps as it would run them under `dest` (PLAN_DRY_RUN=1: bin/lib/plan.sh prints each
+    command line instead of running it): step name -> argv."""
+    base = {k: v for k, v in os.environ.items() if k not in ("TP8_OVERRIDES", "PLAN_BUDGET_S", "GPUS")}
+    out = subprocess.run(["bash", str(PLAN)], env={**base, "SPECWS_DEST": str(dest), "OUT": str(dest / "out"),
+                                                   "PLAN_DRY_RUN": "1", **env},
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return {m[1]: shlex.split(m[2]) for m in re.finditer(r"^== dry-run (\S+): (.*)$", out, re.M)}
+
+
 def test_plan_is_valid_bash() -> None:
-    assert subprocess.run(["bash", "-n", str(PLAN)]).returncode == 0
+    for script in (PLAN, ROOT / "bin" / "lib" / "plan.sh"):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
 
 
 @pytest.mark.parametrize("module", [m for m in modules() if m != "experiments.run"])
@@ -35,3 +50,20 @@ def test_the_plan_measures_the_options_on_the_tp8_site() -> None:
     assert "NCCL_NVLS_ENABLE=0" in text and "--tp 8" in text
     cfg = compose_cfg("site=h200x8-kimi", "+option=E", "model.hf_config.num_hidden_layers=61")
     assert cfg.model.arch.num_hidden_layers == 61 and cfg.site.gpus == 8
+
+
+def test_every_runner_step_composes_on_the_tp8_site_with_its_own_overrides_last(tmp_path: Path) -> None:
+    steps = planned_steps(tmp_path, TP8_OVERRIDES="workload.max_tokens=32")
+    runs = {name: argv[3:] for name, argv in steps.items() if argv[:3] == ["python3", "-m", "experiments.run"]}
+    assert set(runs) == {"baseline", "E", "B", "A"}
+    for name, overrides in runs.items():
+        assert overrides[0] == "site=h200x8-kimi" and overrides[-2] == f"+option={name}", overrides
+        cfg = compose_cfg(*[o for o in overrides if not o.startswith("hydra.")])
+        assert cfg.model.arch.num_hidden_layers == 61 and cfg.workload.num_prompts == 320
+        assert cfg.workload.max_tokens == 32 and list(cfg.workload.concurrency) == [1, 4, 16, 64, 128]
+
+
+def test_fewer_than_eight_gpus_run_only_the_all_reduce_benchmark(tmp_path: Path) -> None:
+    steps = planned_steps(tmp_path, GPUS="4")
+    assert set(steps) == {"allreduce", "allreduce-nvlink"} and steps["allreduce"][:2] == ["env", "NCCL_P2P_DISABLE=1"]
+    assert "--gpus" in steps["allreduce-nvlink"] and "4" in steps["allreduce-nvlink"]
