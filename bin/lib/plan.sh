@@ -16,7 +16,8 @@ step() {   # step NAME COMMAND...: run it unless the budget is spent; its output
   if [ "${PLAN_DRY_RUN:-0}" = 1 ]; then echo "== dry-run $name: $(printf '%q ' "$@")"; return; fi
   echo "== $(date +%T) $name (at ${spent}s)"
   "$@" >"$K/$name.log" 2>&1
-  echo "== $(date +%T) $name rc=$? ($(( $(date +%s) - START ))s)"
+  local rc=$?   # before any other expansion: $(date) in the echo below would reset $?
+  echo "== $(date +%T) $name rc=$rc ($(( $(date +%s) - START ))s)"
   grep -E "$STEP_SHOWS" "$K/$name.log" | tail -n "$STEP_LINES"
 }
 

@@ -51,6 +51,13 @@ def test_every_module_the_plan_starts_answers_help(module: str) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
 
 
+def test_a_step_reports_its_commands_exit_status(tmp_path: Path) -> None:
+    script = (f'source {ROOT / "bin" / "lib" / "plan.sh"}; K={tmp_path} BUDGET=60 START=$(date +%s); '
+              'step fails bash -c "echo error: gone; exit 3"; step works true')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert re.search(r"fails rc=3 .*\nerror: gone\n", out) and "works rc=0" in out, out
+
+
 def test_a_steps_own_overrides_win_over_the_plans_common_ones(tmp_path: Path) -> None:
     steps = runner_steps(tmp_path, KIMI_OVERRIDES="workload.num_prompts=64")
 
