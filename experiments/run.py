@@ -54,12 +54,14 @@ def experiment(cfg: DictConfig) -> dict:
     except WorkloadError as exc:
         raise Refused(f"workload {cfg.workload.name}: {exc}") from None
     runner = get_method(cfg.option.runner._target_)
+    takes = inspect.signature(runner).parameters
+    given = {"views": views} if "views" in takes else {}   # the typed views, to runners that read them
     if not cfg.run.forecast:
-        return runner(cfg, prepared, post_run=POST_RUN)
-    if "forecaster" not in inspect.signature(runner).parameters:
+        return runner(cfg, prepared, post_run=POST_RUN, **given)
+    if "forecaster" not in takes:
         raise Refused(f"option {cfg.option.name}'s runner ({cfg.option.runner._target_}) makes no forecast; "
                       "run.forecast=true is for options that are one measurement")
-    return runner(cfg, prepared, post_run=POST_RUN, forecaster=FORECASTER)
+    return runner(cfg, prepared, post_run=POST_RUN, forecaster=FORECASTER, **given)
 
 
 def _raise_interrupt(signum, frame):

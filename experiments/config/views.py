@@ -103,6 +103,45 @@ class LimitsView:
 
 
 @dataclass(frozen=True)
+class ServerView:
+    """Where the server comes from: a running one (`url`), else one started (and pooled) by the runner."""
+    url: str | None = None
+    port: int | None = None
+    startup_timeout_s: float = 900.0
+    reuse: bool = True
+    pool_size: int = 2
+
+    def __post_init__(self) -> None:
+        _positive("server", startup_timeout_s=self.startup_timeout_s, pool_size=self.pool_size)
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"server.url must be an http:// or https:// URL, got {self.url!r}")
+
+
+@dataclass(frozen=True)
+class BaselineView:
+    """How an option is paired with its baseline (conf/config.yaml `baseline`)."""
+    pair: bool = True
+    lookup: bool = True
+    max_age_h: float = 12.0
+    near_tie_margin: float = 0.25
+    loaded_host_share: float = 0.25
+    allow_loaded_host: bool = False
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive("baseline", max_age_h=self.max_age_h, loaded_host_share=self.loaded_host_share)
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"baseline.url must be an http:// or https:// URL, got {self.url!r}")
+
+
+@dataclass(frozen=True)
+class RunModeView:
+    name: str | None = None
+    dry_run: bool = False
+    forecast: bool = False
+
+
+@dataclass(frozen=True)
 class RunView:
     """What a run is: option, engine, model names and the typed sections."""
     option: str
@@ -112,6 +151,10 @@ class RunView:
     workload: WorkloadView
     site: SiteView
     limits: LimitsView
+    server: ServerView = field(default_factory=ServerView)
+    baseline: BaselineView = field(default_factory=BaselineView)
+    run: RunModeView = field(default_factory=RunModeView)
+    health_path: str = "/health"
 
 
 def _typed(schema: type, node: DictConfig | None, section: str, **fixes: Any):
@@ -133,4 +176,8 @@ def views_of(cfg: DictConfig) -> RunView:
                    spec=_typed(SpecView, cfg.spec, "spec"),
                    workload=_typed(WorkloadView, cfg.workload, "workload", concurrency=levels),
                    site=_typed(SiteView, cfg.site, "site"),
-                   limits=_typed(LimitsView, cfg.get("limits"), "limits"))
+                   limits=_typed(LimitsView, cfg.get("limits"), "limits"),
+                   server=_typed(ServerView, cfg.get("server"), "server"),
+                   baseline=_typed(BaselineView, cfg.get("baseline"), "baseline"),
+                   run=_typed(RunModeView, cfg.get("run"), "run"),
+                   health_path=str(OmegaConf.select(cfg, "engine.health_path", default="/health")))

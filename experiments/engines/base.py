@@ -154,7 +154,14 @@ NO_SPECULATION = "no speculation runs (spec.method=none)"
 
 
 class EngineAdapter(ABC):
+    """One engine: its flags, parser, requests and counters, and the facts the rest of the workspace asks of it
+    (its speculation rules, the SGLang patch launcher, the EAGLE-3 head's aux-layer convention, how a running
+    server is read back). Registered in experiments/engines/__init__.py."""
     name: str
+    patchable = False            # served through sglang_patches.launch: the SGLang patches apply to it
+    # EAGLE-3 head config: the engine's id of the hidden state taken at "input of target layer k" is k + offset
+    aux_layer_offset = 0
+    aux_layer_convention = "id k = input of target layer k (hidden_states[k])"
     # cfg.limits key -> this engine's flag, pinned on every command line (baseline included)
     LIMIT_FLAGS: dict[str, str] = {}
     # spec.method -> the spec knobs (dotted, under spec.) that this adapter passes to the engine
@@ -175,6 +182,24 @@ class EngineAdapter(ABC):
 
     def _given_args(self, cfg: DictConfig) -> list[str]:
         return [str(a) for a in [*(cfg.site.engine_args.get(self.name) or []), *cfg.engine.extra_args]]
+
+    @property
+    def speculation(self):
+        """How the engine drafts and verifies, for the analysis of its runs (experiments/engines/speculation.py)."""
+        from experiments.engines.speculation import Speculation
+        return Speculation()
+
+    def args_for_installed_version(self, python: str, args: list[str]) -> list[str]:
+        """`args` spelled as the release that `python` imports knows them (flags renamed between releases)."""
+        return args
+
+    def launch_env(self, cfg: DictConfig, env: dict[str, str]) -> dict[str, str]:
+        """Variables this engine's launch adds to `env` (the engine's and the site's)."""
+        return {}
+
+    def read_served(self, url: str):
+        """A running server's own account of itself (experiments/engines/served.py)."""
+        raise NotImplementedError(f"no reader of a running {self.name} server's settings")
 
     def head_config_problems(self, head: dict) -> list[str]:
         """What in an EAGLE-3 head's config.json this engine cannot load (checked before launch)."""

@@ -2,6 +2,8 @@
 the run tags that record them. Outside the adapters, the only place that reads the engine's name."""
 from __future__ import annotations
 
+import os
+
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.engines import EngineAdapter, adapter_for
@@ -28,7 +30,7 @@ def sglang_patches_for(cfg: DictConfig) -> list[str]:
     """The patches the launcher applies: synthetic_router when the model names a router skew (random weights),
     the site's, then the option's (E: moe_budget), then expert_telemetry when spec.moe_telemetry is on (after
     moe_budget, so that it counts the budgeted experts); none for an engine other than SGLang."""
-    if engine_name(cfg) != "sglang":
+    if not adapter_of(cfg).patchable:
         return []
     option = cfg.option.get("patches") if cfg.get("option") else None
     router = ["synthetic_router"] if router_skew(cfg) is not None else []
@@ -46,7 +48,29 @@ def router_skew(cfg: DictConfig) -> float | None:
 def forced_patches(cfg: DictConfig) -> list[str]:
     """Patches applied whatever their conditions say (`site.patches_forced`): e.g. the SM 12.x INT4 kernel swap
     forced on an sm_90 host to measure it there. Each must also be requested."""
-    return [str(n) for n in (cfg.site.get("patches_forced") or [])] if engine_name(cfg) == "sglang" else []
+    return [str(n) for n in (cfg.site.get("patches_forced") or [])] if adapter_of(cfg).patchable else []
+
+
+def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
+    """What the named patches read: the expert budget B (moe_budget), the telemetry folder (expert_telemetry),
+    the router skew (synthetic_router)."""
+    from sglang_patches.expert_telemetry import DIR_ENV
+    from sglang_patches.moe_budget import BUDGET_ENV
+    from sglang_patches.synthetic_router import SKEW_ENV
+    env = {BUDGET_ENV: str(cfg.spec.moe_expert_budget)} if "moe_budget" in patches else {}
+    env |= {SKEW_ENV: str(router_skew(cfg))} if "synthetic_router" in patches else {}
+    return env | ({DIR_ENV: str(cfg.spec.moe_telemetry_dir)} if "expert_telemetry" in patches else {})
+
+
+def sglang_launch_env(cfg: DictConfig, env: dict[str, str]) -> dict[str, str]:
+    """The patch launcher's environment in front of SGLang's entry point (engine.module=sglang_patches.launch):
+    which patches, the site, the PYTHONPATH it extends, and what the patches read; none otherwise."""
+    if cfg.engine.module != "sglang_patches.launch":
+        return {}
+    from sglang_patches.launch import launcher_env
+    patches = sglang_patches_for(cfg)
+    pythonpath = str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", ""))
+    return launcher_env(patches, cfg.site.name, pythonpath, forced_patches(cfg)) | patch_env(cfg, patches)
 
 
 def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
@@ -63,7 +87,7 @@ def engine_tags(cfg: DictConfig, engine_version: str) -> dict[str, str]:
     """The engine, its release and the patches requested; `sglang_patches.applied` is replaced by the launcher's
     report once the server has started (harness.measure)."""
     requested = sglang_patches_for(cfg)
-    sglang = engine_name(cfg) == "sglang"
+    sglang = adapter_of(cfg).patchable
     return moe_budget_tags(cfg, requested) | {
         "specws.engine": engine_name(cfg), "specws.engine_version": engine_version,
         "sglang_patches.requested": ",".join(requested) or "none",

@@ -61,6 +61,23 @@ SGLANG_IGNORED = {
 
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
+    patchable = True
+    aux_layer_offset = -1      # SGLang's id k is the output of target layer k: the input of layer k + 1
+    aux_layer_convention = "id k = output of target layer k"
+
+    @property
+    def speculation(self):
+        from experiments.engines.speculation import SGLangSpeculation
+        return SGLangSpeculation()
+
+    def launch_env(self, cfg: DictConfig, env: dict[str, str]) -> dict[str, str]:
+        """The SGLang patch launcher's (experiments/engines/config.py sglang_launch_env)."""
+        from experiments.engines.config import sglang_launch_env
+        return sglang_launch_env(cfg, env)
+
+    def read_served(self, url: str):
+        from experiments.engines.served import read_sglang
+        return read_sglang(url)
     LIMIT_FLAGS = {"max_running_requests": "--max-running-requests"}
     USED_KNOBS = {"ngram": frozenset({"num_draft_tokens", *(f"ngram.{k}" for k in NGRAM_FLAGS)}),
                   "eagle3": frozenset({"draft_model", "num_steps", "topk", "num_draft_tokens"})}

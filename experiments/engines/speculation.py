@@ -21,6 +21,14 @@ class NgramWindow:
 class Speculation:
     """An engine that verifies 1 + the tokens it drafted on each step and has no replayable n-gram drafter."""
     fixed_verify_width = False   # True: every speculative step verifies the same number of tokens per sequence
+    # the box model (experiments/analysis/speedup/box.py): verify steps above the site's verify CUDA-graph cap run
+    # eager, and the INT4 MoE kernel the engine serves Kimi-K2.5 with on SM 12.x
+    eager_above_verify_graph_cap = False
+    int4_moe_kernel = "marlin"
+
+    def overhead_terms(self, method: str) -> str:
+        """The prefix of the box terms that price this engine's per-step speculative overhead."""
+        return method
 
     def verified_per_step(self, spec: SpecView) -> float | None:
         """Tokens a speculative decode step verifies per sequence where the engine fixes it, else None."""
@@ -39,6 +47,10 @@ class Speculation:
 class VLLMSpeculation(Speculation):
     """vLLM verifies 1 + the drafted tokens per step; its n-gram drafter is prompt lookup (v1/spec_decode/
     ngram_proposer.py), which experiments/analysis/ngram_replay.py reproduces exactly."""
+    int4_moe_kernel = "triton"
+
+    def overhead_terms(self, method: str) -> str:
+        return "vllm"   # one overhead for every drafter
 
     def ngram_window(self, spec: SpecView) -> NgramWindow | None:
         if spec.method != "ngram":
@@ -54,6 +66,7 @@ class VLLMSpeculation(Speculation):
 class SGLangSpeculation(Speculation):
     """SGLang verifies its whole draft tree on every step."""
     fixed_verify_width = True
+    eager_above_verify_graph_cap = True
     default_trie_depth = 18
     graph_batch_flags = ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs")
 
@@ -94,9 +107,11 @@ class SGLangSpeculation(Speculation):
         return None
 
 
-_BY_ENGINE: dict[str, Speculation] = {"vllm": VLLMSpeculation(), "sglang": SGLangSpeculation()}
-
-
 def speculation_of(engine: str) -> Speculation:
-    """The engine's rules; an engine the workspace does not know gets the plain ones (nothing fixed, no replay)."""
-    return _BY_ENGINE.get(engine, Speculation())
+    """The engine's rules (its adapter's, experiments/engines/__init__.py); an engine the workspace does not know
+    gets the plain ones (nothing fixed, no replay)."""
+    from experiments.engines import adapter_for
+    try:
+        return adapter_for(engine).speculation
+    except ValueError:
+        return Speculation()

@@ -55,6 +55,15 @@ PER_REQUEST_METRICS = ("--per-request-spec-decode-metrics", "summary")
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
+
+    @property
+    def speculation(self):
+        from experiments.engines.speculation import VLLMSpeculation
+        return VLLMSpeculation()
+
+    def read_served(self, url: str):
+        from experiments.engines.served import read_vllm
+        return read_vllm(url)
     LIMIT_FLAGS = {"max_running_requests": "--max-num-seqs"}
     USED_KNOBS = {"ngram": frozenset({"num_draft_tokens", *(f"ngram.{k}" for k in NGRAM_KEYS)}),
                   "eagle3": frozenset({"draft_model", "num_steps", "topk", "num_draft_tokens"})}

@@ -15,10 +15,10 @@ import psutil
 
 from experiments.config.errors import Refused
 from experiments.config.paths import cache_dir
-from experiments.engines.served import Served, expected_speculation, read_sglang, read_vllm, speculation_mismatch
+from experiments.engines import adapter_for
+from experiments.engines.served import Served, expected_speculation, speculation_mismatch
 from experiments.harness.server import EngineDied, VisitLog, listening_pids
 
-READERS = {"vllm": read_vllm, "sglang": read_sglang}
 HEALTH_TIMEOUT_S = 10.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 START_MATCH_S = 0.05   # /metrics' process start time and psutil's create time, both read from /proc
@@ -104,9 +104,10 @@ def read_served(url: str, engine: str, health_path: str) -> Served:
                       f"({type(exc).__name__}); start the server or fix the URL") from None
     if status != 200:
         raise Refused(f"server.url={url}: {health_path} answers HTTP {status}, not 200: not a healthy {engine} server")
-    if engine not in READERS:
-        raise Refused(f"server.url: no reader of a running {engine} server's settings (known: {sorted(READERS)})")
-    return READERS[engine](url)
+    try:
+        return adapter_for(engine).read_served(url)
+    except NotImplementedError as exc:
+        raise Refused(f"server.url: {exc}") from None
 
 
 def check_speculation(served: Served, method: str, num_steps: int | None, num_draft_tokens: int | None,

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 TopK = Callable[[list[int]], list[tuple[int, float]]]
 
 
-LIMIT_PARAM = "limits.effective."   # params of the limits a server reported running with
 HOST_LOADED_TAG = "specws.host_loaded"   # "true": other processes kept the host busy while it was measured
 
 

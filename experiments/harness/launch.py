@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
@@ -14,8 +13,6 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.engines.config import (
     adapter_of,
     engine_name,
-    forced_patches,
-    router_skew,
     sglang_patches_for,
     site_args,
 )
@@ -51,31 +48,15 @@ class LaunchSpec:
                 "key": self.key, **self.extra}
 
 
-def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
-    """What the named patches read: the expert budget B (moe_budget), the telemetry folder (expert_telemetry),
-    the router skew (synthetic_router)."""
-    from sglang_patches.expert_telemetry import DIR_ENV
-    from sglang_patches.moe_budget import BUDGET_ENV
-    from sglang_patches.synthetic_router import SKEW_ENV
-    env = {BUDGET_ENV: str(cfg.spec.moe_expert_budget)} if "moe_budget" in patches else {}
-    env |= {SKEW_ENV: str(router_skew(cfg))} if "synthetic_router" in patches else {}
-    return env | ({DIR_ENV: str(cfg.spec.moe_telemetry_dir)} if "expert_telemetry" in patches else {})
-
-
 def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     adapter = adapter_of(cfg)
     args = [str(a) for a in [*adapter.model_args(cfg), *site_args(cfg), *adapter.spec_args(cfg), *cfg.engine.extra_args,
                              *adapter.limit_args(cfg)]]   # the same limits on every command line, baseline included
     # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
-    if hasattr(adapter, "args_for_installed_version"):
-        args = adapter.args_for_installed_version(cfg.engine.python, args)
+    args = adapter.args_for_installed_version(cfg.engine.python, args)
     env = {**OmegaConf.to_container(cfg.engine.env, resolve=True), **OmegaConf.to_container(cfg.site.env, resolve=True)}
+    env |= adapter.launch_env(cfg, env)
     patches = sglang_patches_for(cfg)
-    if cfg.engine.module == "sglang_patches.launch":   # the patch launcher in front of SGLang's entry point
-        from sglang_patches.launch import launcher_env
-        env |= launcher_env(patches, cfg.site.name, str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")),
-                            forced_patches(cfg))
-        env |= patch_env(cfg, patches)
     return LaunchSpec(engine=engine_name(cfg), python=cfg.engine.python, module=cfg.engine.module,
                       args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},
                       health_path=cfg.engine.health_path, model_path=str(cfg.model.path),

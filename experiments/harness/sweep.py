@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
 from experiments.tracking.lifecycle import TrackedRun, tracked_run
-from experiments.tracking.store import PARENT_ENV, git_commit, setup
+from experiments.tracking.runs import setup
+from experiments.tracking.store import PARENT_ENV, git_commit
 
 SWEEP_KEYS_PREFERRED = ("spec.", "workload.")
 

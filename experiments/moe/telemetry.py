@@ -157,17 +157,15 @@ def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) 
 
     from experiments.config.paths import ROOT
     from experiments.engines.config import engine_tags
-    from experiments.tracking.lifecycle import tracked_run
-    from experiments.tracking.store import flatten, run_tags, setup
+    from experiments.tracking.runs import open_run
+    from experiments.tracking.store import flatten
 
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=["model=tiny_moe_dsv3", "+option=E", *overrides])
-    client, exp_id = setup(cfg)
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("model.", "site.name"))}
     params |= {"telemetry.max_new_tokens": str(result["max_new_tokens"]), "telemetry.prompts": str(result["prompts"])}
-    tags = run_tags(cfg, "telemetry", engine_tags(cfg, "hf-offline"))
-    with tracked_run(client, exp_id, "E-telemetry", tags, params) as run:
-        _log_growth(client, run.id, result, own, served)
+    with open_run(cfg, "telemetry", "E-telemetry", engine_tags(cfg, "hf-offline"), params) as run:
+        _log_growth(run.client, run.id, result, own, served)
     return run.id
 
 

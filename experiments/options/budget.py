@@ -34,8 +34,7 @@ from experiments.moe.routing import (
     teacher_continuations,
     verify_along,
 )
-from experiments.tracking.lifecycle import tracked_run
-from experiments.tracking.store import flatten, run_tags, setup
+from experiments.tracking.runs import open_run
 
 # Unbudgeted references are shared by the jobs of one multirun (same process).
 _cache: dict[tuple, object] = {}
@@ -126,10 +125,9 @@ def run_offline(cfg: DictConfig) -> dict:
     else:
         raise Refused(f"spec.offline_mode must be teacher_text or free, got {mode!r}")
     metrics["budget_fraction"] = budget / num_experts
-    client, exp_id = setup(cfg)
-    tags = run_tags(cfg, "measure", engine_tags(cfg, "hf-offline"))
-    tags["specws.spec_method"] = "ngram (offline, HF forward)"
-    with tracked_run(client, exp_id, f"E-offline-B{budget}", tags, flatten(cfg)) as run:
+    tags = engine_tags(cfg, "hf-offline") | {"specws.spec_method": "ngram (offline, HF forward)"}
+    with open_run(cfg, "measure", f"E-offline-B{budget}", tags) as run:
+        client = run.client
         for key, value in metrics.items():
             client.log_metric(run.id, key, float(value))
         client.log_dict(run.id, {"mode": mode, "budget": budget, "k": k, "per_prompt": [

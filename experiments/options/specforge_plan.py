@@ -21,8 +21,8 @@ from experiments.engines.config import engine_tags
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.measure import console
 from experiments.harness.preflight import Refused
-from experiments.tracking.lifecycle import tracked_run
-from experiments.tracking.store import flatten, run_tags, setup
+from experiments.tracking.runs import open_run
+from experiments.tracking.store import flatten
 
 SPECFORGE_TARGET = cache_dir() / "specforge-pkg"   # `pip install --no-deps --target` by bin/setup
 
@@ -131,12 +131,11 @@ def plan(cfg: DictConfig) -> dict:
     ok, verdict = validate_recipe(work / "recipe.yaml")
     if not ok:
         raise Refused(f"SpecForge's config schema refused the composed recipe {work / 'recipe.yaml'}:\n{verdict}")
-    client, exp_id = setup(cfg)
-    tags = run_tags(cfg, "plan", engine_tags(cfg, "specforge")) | {"specws.specforge_check": verdict}
+    tags = engine_tags(cfg, "specforge") | {"specws.specforge_check": verdict}
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
-    with tracked_run(client, exp_id, "D-plan", tags, params) as run:
+    with open_run(cfg, "plan", "D-plan", tags, params) as run:
         for name in files:
-            client.log_artifact(run.id, str(work / name), "specforge")
+            run.client.log_artifact(run.id, str(work / name), "specforge")
     run_id = run.id
     console.print(f"MLflow run [bold]D-plan[/] ({run_id}): SpecForge's schema accepted the recipe ({verdict}).\n"
                   f"Training runs on the box: bash {work / 'commands.sh'}, i.e.\n  " + "\n  ".join(steps))

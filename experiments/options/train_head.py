@@ -13,8 +13,8 @@ from experiments.engines.config import engine_tags
 from experiments.harness.measure import console
 from experiments.harness.pipeline import PostRun, measure_option
 from experiments.harness.prepare import PreparedWorkload
-from experiments.tracking.lifecycle import tracked_run
-from experiments.tracking.store import flatten, run_tags, setup
+from experiments.tracking.runs import open_run
+from experiments.tracking.store import flatten
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -28,13 +28,12 @@ def train_and_evaluate(cfg: DictConfig, prepared: PreparedWorkload, post_run: Se
     if not cfg.model.embedded:
         from experiments.options.specforge_plan import plan
         return plan(cfg)
-    client, exp_id = setup(cfg)
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
-    with tracked_run(client, exp_id, "D-train", run_tags(cfg, "train", engine_tags(cfg, "n/a")), params) as run:
+    with open_run(cfg, "train", "D-train", engine_tags(cfg, "n/a"), params) as run:
         console.print(f"MLflow run [bold]D-train[/] ({run.id}): training an EAGLE-3 head for {cfg.model.name}")
-        metrics = _train(cfg, client, run.id)
+        metrics = _train(cfg, run.client, run.id)
     result = measure_option(_as_evaluation(cfg, run.id), prepared, post_run)
-    client.set_tag(run.id, "specws.evaluation_run_id", result.get("run_id", ""))
+    run.client.set_tag(run.id, "specws.evaluation_run_id", result.get("run_id", ""))
     return {"training_run_id": run.id, "training": metrics, **result}
 
 

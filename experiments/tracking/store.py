@@ -1,7 +1,7 @@
-"""MLflow store setup, run tags and the flattened config."""
+"""The store's building blocks: which SQLite file a URI names, run tags, params and the flattened config, the
+prompt set as a dataset. Opening a store and a run is experiments.tracking.runs."""
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import platform
@@ -9,17 +9,13 @@ import re
 import subprocess
 import warnings
 from collections import namedtuple
-from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.paths import ROOT
-from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
-from experiments.tracking.redact import redact_params, register_secrets, secrets_of_config, secrets_of_environ
-from experiments.tracking.redacting import RedactingClient
+from experiments.tracking.redact import redact_params
 
 try:
     import mlflow
@@ -35,74 +31,6 @@ PARENT_ENV = "SPECWS_PARENT_RUN_ID"
 def sqlite_file(uri: str) -> Path | None:
     """The database file of a `sqlite:///` tracking URI, None for any other store."""
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
-@contextmanager
-def _store_lock(uri: str):
-    """Serialise first use of a SQLite store: MLflow creates its schema on first contact, and two
-    processes doing that at once fail with 'table ... already exists'."""
-    db = sqlite_file(uri)
-    if db is None:
-        yield
-        return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def setup(cfg: DictConfig) -> tuple[Any, str]:
-    """Point MLflow at the configured store; the experiment is created with its artifact folder.
-    An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store).
-    The client redacts what it writes: the secrets of the config and of this process's environment included."""
-    plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])   # a sweep callback's has it, unresolvable
-    register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)) | secrets_of_environ(os.environ))
-    if str(cfg.tracking.uri).startswith(URI_PREFIX):
-        client = RedactingClient(OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX)))
-        _fail_stale_once(client, str(cfg.tracking.uri), cfg.tracking.experiment)
-        return client, cfg.tracking.experiment
-    if mlflow is None:
-        raise RuntimeError(f"MLflow is not installed here; use tracking.uri={URI_PREFIX}<folder> and import the "
-                           "runs elsewhere with `python -m experiments.tracking.import_runs <folder>`")
-    mlflow.set_tracking_uri(cfg.tracking.uri)
-    from mlflow.tracking import MlflowClient
-
-    with _store_lock(cfg.tracking.uri):
-        client = RedactingClient(MlflowClient())
-        exp_id = _experiment_id(client, cfg)
-    _fail_stale_once(client, str(cfg.tracking.uri), exp_id)
-    return client, exp_id
-
-
-_checked_for_stale: set[tuple[str, str]] = set()
-
-
-def _fail_stale_once(client, uri: str, experiment_id: str) -> None:
-    """At a runner's first contact with an experiment: the ends a failing store could not take are recorded,
-    then runs left RUNNING by a runner that is gone become FAILED."""
-    if (uri, experiment_id) in _checked_for_stale:
-        return
-    _checked_for_stale.add((uri, experiment_id))
-    from experiments.tracking.lifecycle import apply_pending_ends, fail_stale_runs
-    if not uri.startswith(URI_PREFIX):
-        apply_pending_ends(client)   # first: a run with a kept end is not a stale one
-    fail_stale_runs(client, experiment_id)
-
-
-def _experiment_id(client, cfg: DictConfig) -> str:
-    name = cfg.tracking.experiment
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    location = None
-    if cfg.tracking.artifact_root:
-        root = Path(cfg.tracking.artifact_root)
-        root.mkdir(parents=True, exist_ok=True)
-        location = (root / name.replace("/", "_")).as_uri()
-    return client.create_experiment(name, artifact_location=location)
 
 
 # what MLflow accepts in a param name; a mapping with other keys (token strings such as '[BOS]') is data,
@@ -157,9 +85,9 @@ def host_fingerprint(cfg: DictConfig) -> str:
     return f"{platform.node()}/{os.cpu_count()}cpu/{cfg.site.accelerator}/{cfg.engine.python}"
 
 
-def run_tags(cfg: DictConfig, mode: str, engine: dict[str, str]) -> dict[str, str]:
+def run_tags(cfg: DictConfig, mode: str, engine: dict[str, str] | None = None) -> dict[str, str]:
     """What a run is and where it ran; `engine` is the engine's own tags (experiments.engines.config.engine_tags)."""
-    return engine | {
+    return (engine or {}) | {
         "specws.option": cfg.option.name, "specws.site": cfg.site.name, "specws.model": cfg.model.name,
         "specws.workload": cfg.workload.name, "specws.mode": mode,
         "specws.spec_method": cfg.spec.method, "git.commit": git_commit(),

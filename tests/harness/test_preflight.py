@@ -69,10 +69,10 @@ def test_bad_prompt_sets_are_refused_in_a_dry_run_before_anything_starts(tmp_pat
     make, words = PROMPT_SETS[case]
     path = make(tmp_path)
     monkeypatch.setattr(POOL, "acquire", lambda *a, **k: pytest.fail("a server was started"))
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     with pytest.raises(Refused, match=words):
         experiment(_dry(tmp_path, "workload=file", f"workload.prompt_set={path}"))
-    assert time.monotonic() - started < 10
+    assert time.process_time() - cpu < 10 and time.monotonic() - started < WALL_BOUND_S
 
 
 def test_model_folder_without_config_or_tokenizer_is_refused(tmp_path: Path) -> None:
@@ -147,6 +147,7 @@ def test_tracking_server_that_does_not_answer_is_refused_within_seconds(tmp_path
 # Command-line refusals: settings that are refused later (no engine interpreter, no prompt file) ride along, so a
 # check that does not refuse first shows up as the wrong message; the console is made wide so that no path wraps.
 REFUSAL_BUDGET_S = 10
+WALL_BOUND_S = 60.0   # a refusal that starts nothing heavy, whatever the load
 LATER_REFUSALS = ("engine.python=/nonexistent/engine/python", "workload=file")
 HEAD = {"hidden_size": 576, "vocab_size": 49152, "draft_vocab_size": 4096,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}}
@@ -164,8 +165,9 @@ def _refused_from_cli(tmp_path: Path, *overrides: str) -> str:
     elapsed, cpu = time.monotonic() - started, _children_cpu_s() - cpu
     said = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 2, said[-3000:]
-    assert elapsed < REFUSAL_BUDGET_S, (f"refused after {elapsed:.1f} s ({cpu:.1f} s of CPU, load average "
-                                        f"{os.getloadavg()[0]:.1f})")
+    # CPU time, not wall time: on a shared 2-core machine (CI's two workers) the wall time follows the load
+    assert cpu < REFUSAL_BUDGET_S and elapsed < WALL_BOUND_S, (
+        f"refused after {elapsed:.1f} s ({cpu:.1f} s of CPU, load average {os.getloadavg()[0]:.1f})")
     assert "Traceback" not in said and "starting vllm" not in said and "validated by" not in said
     return said
 

@@ -266,7 +266,9 @@ def test_the_run_logs_what_the_launcher_really_applied(tmp_path, store) -> None:
     from mlflow.tracking import MlflowClient
 
     from experiments.harness.launch import LaunchSpec
-    from experiments.harness.measure import _log_patches
+    from experiments.harness.measure import _read_patches
+    from experiments.tracking.export import Measurement, export
+    from experiments.tracking.uploads import Uploads
     res = _launcher({"SPECWS_SGLANG_PATCHES": "reach_marker,sm12x_wna16_moe_triton",
                      "SPECWS_SGLANG_ENTRY": "sglang.version"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -275,7 +277,11 @@ def test_the_run_logs_what_the_launcher_really_applied(tmp_path, store) -> None:
     client = MlflowClient(store)
     run_id = client.create_run(client.create_experiment("patches")).info.run_id
     spec = LaunchSpec("sglang", sys.executable, "sglang_patches.launch", [], {}, "/health")
-    _log_patches(client, run_id, spec, log)
+    measured = Measurement(tmp_path / "records.jsonl", server_log=log)
+    _read_patches(measured, spec)
+    uploads = Uploads(client, run_id)
+    export(client, run_id, measured, uploads)
+    assert uploads.failures == []
     assert client.get_run(run_id).data.tags["sglang_patches.applied"] == "reach_marker@sglang0.5.23"
     with open(client.download_artifacts(run_id, "sglang_patches.json", str(tmp_path / "dl"))) as f:
         report = json.load(f)

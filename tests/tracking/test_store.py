@@ -45,12 +45,12 @@ def test_a_run_left_running_by_a_gone_runner_fails_at_the_next_start(tmp_path) -
 
     from conftest import compose_cfg
 
-    from experiments.tracking import store
+    from experiments.tracking import runs
     from experiments.tracking.lifecycle import RUNNER_TAG, tracked_run
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = compose_cfg("+option=A", f"tracking.uri={uri}")
-    client, exp_id = store.setup(cfg)
+    client, exp_id = runs.setup(cfg)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     ids, open_runs = {}, []
@@ -58,8 +58,8 @@ def test_a_run_left_running_by_a_gone_runner_fails_at_the_next_start(tmp_path) -
         open_runs.append(tracked_run(client, exp_id, who, {}))
         ids[who] = open_runs[-1].__enter__().id   # left open: its runner never closes it
     client.set_tag(ids["gone"], RUNNER_TAG, f"{gone.pid}:1.0")
-    store._checked_for_stale.clear()
-    store.setup(cfg)
+    runs._checked_for_stale.clear()
+    runs.setup(cfg)
     assert client.get_run(ids["gone"]).info.status == "FAILED"
     assert "ended without closing it" in client.get_run(ids["gone"]).data.tags["specws.failure"]
     assert client.get_run(ids["alive"]).info.status == "RUNNING"

@@ -32,6 +32,7 @@ import numpy as np
 from experiments.analysis.speedup import box_terms as bt
 from experiments.analysis.speedup.box_terms import DRAFTERS, TERMS, BandUnavailable, Term
 from experiments.analysis.speedup.model import expected_distinct_experts
+from experiments.engines.speculation import speculation_of
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 SEED_MEASURED = (0.74, 0.91)   # the seed's n-gram on the box: 9-26 % slower than no speculation (design.md)
@@ -147,11 +148,11 @@ class Spec:
 
     def terms(self) -> list[str]:
         own = ["attn_verify_growth"]
-        prefix = "vllm" if self.engine == "vllm" else self.method
+        prefix = speculation_of(self.engine).overhead_terms(self.method)
         own += [f"{prefix}_overhead_ms", f"{prefix}_overhead_seq_ms"]
         if self.method == "eagle3":
             own.append("draft_tbps")
-        if self.engine == "sglang":
+        if speculation_of(self.engine).eager_above_verify_graph_cap:
             own.append("eager_ms_per_layer")
         return [*BASE_TERMS, *own]
 
@@ -208,20 +209,22 @@ def draft_ms(v: dict[str, float], steps: int, c: float, q: float, vocab: float) 
 
 
 def spec_extra_ms(v: dict[str, float], spec: Spec, c: float, vocab: float) -> float:
-    prefix = "vllm" if spec.engine == "vllm" else spec.method
+    rules = speculation_of(spec.engine)
+    prefix = rules.overhead_terms(spec.method)
     extra = v[f"{prefix}_overhead_ms"] + v[f"{prefix}_overhead_seq_ms"] * c
     forwards = 0
     if spec.method == "eagle3":
         extra += draft_ms(v, spec.k, c, spec.verified, vocab)
         forwards = spec.k
-    if spec.engine == "sglang" and c > bt.VERIFY_GRAPH_CAP:
+    if rules.eager_above_verify_graph_cap and c > bt.VERIFY_GRAPH_CAP:
         extra += v["eager_ms_per_layer"] * (bt.LAYERS + forwards)
     return extra
 
 
 def speedup(v: dict[str, float], variant: Variant, spec: Spec, c: float, tau: float, vocab: float) -> float:
     gamma, _ = _calibrated(variant, *(v[t] for t in BASE_TERMS))
-    shape, scale = (variant.triton, bt.TRITON_OVER_MARLIN_1) if spec.engine == "vllm" else (variant.marlin, 1.0)
+    triton = speculation_of(spec.engine).int4_moe_kernel == "triton"
+    shape, scale = (variant.triton, bt.TRITON_OVER_MARLIN_1) if triton else (variant.marlin, 1.0)
     base = target_ms(v, shape, c, 1.0, gamma, scale)
     spec_ms = target_ms(v, shape, c, spec.verified, gamma, scale) + spec_extra_ms(v, spec, c, vocab)
     return tau * base / spec_ms

@@ -1,0 +1,101 @@
+"""Opening the store and a run: `setup` points MLflow (or the offline store) at tracking.uri, records the ends a
+failing store could not take and fails stale runs; `open_run` is setup -> tags -> the one run lifecycle, the way
+every run of the workspace is opened."""
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.tracking.lifecycle import TrackedRun, apply_pending_ends, fail_stale_runs, tracked_run
+from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
+from experiments.tracking.redact import register_secrets, secrets_of_config, secrets_of_environ
+from experiments.tracking.redacting import RedactingClient
+from experiments.tracking.store import flatten, mlflow, run_tags, sqlite_file
+
+
+@contextmanager
+def open_run(cfg: DictConfig, mode: str, name: str, tags: dict[str, str] | None = None,
+             params: dict[str, str] | None = None, **lifecycle: Any) -> Iterator[TrackedRun]:
+    """A run of `cfg` in its experiment: the workspace's tags for `mode` (run_tags), the config's own
+    `run.tags`, then `tags`; the flattened config as params unless `params` is given; ended by `tracked_run` on
+    every way out (`lifecycle`: its parent_id, start_time, store_retry_s). `run.client` is the store's client."""
+    client, exp_id = setup(cfg)
+    user = {k: str(v) for k, v in (OmegaConf.select(cfg, "run.tags") or {}).items()}
+    with tracked_run(client, exp_id, name, run_tags(cfg, mode) | user | (tags or {}),
+                     flatten(cfg) if params is None else params, **lifecycle) as run:
+        yield run
+
+
+@contextmanager
+def _store_lock(uri: str):
+    """Serialise first use of a SQLite store: MLflow creates its schema on first contact, and two
+    processes doing that at once fail with 'table ... already exists'."""
+    db = sqlite_file(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def setup(cfg: DictConfig) -> tuple[Any, str]:
+    """Point MLflow at the configured store; the experiment is created with its artifact folder.
+    An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store).
+    The client redacts what it writes: the secrets of the config and of this process's environment included."""
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])   # a sweep callback's has it, unresolvable
+    register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)) | secrets_of_environ(os.environ))
+    if str(cfg.tracking.uri).startswith(URI_PREFIX):
+        client = RedactingClient(OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX)))
+        _fail_stale_once(client, str(cfg.tracking.uri), cfg.tracking.experiment)
+        return client, cfg.tracking.experiment
+    if mlflow is None:
+        raise RuntimeError(f"MLflow is not installed here; use tracking.uri={URI_PREFIX}<folder> and import the "
+                           "runs elsewhere with `python -m experiments.tracking.import_runs <folder>`")
+    mlflow.set_tracking_uri(cfg.tracking.uri)
+    from mlflow.tracking import MlflowClient
+
+    with _store_lock(cfg.tracking.uri):
+        client = RedactingClient(MlflowClient())
+        exp_id = _experiment_id(client, cfg)
+    _fail_stale_once(client, str(cfg.tracking.uri), exp_id)
+    return client, exp_id
+
+
+_checked_for_stale: set[tuple[str, str]] = set()
+
+
+def _fail_stale_once(client, uri: str, experiment_id: str) -> None:
+    """At a runner's first contact with an experiment: the ends a failing store could not take are recorded,
+    then runs left RUNNING by a runner that is gone become FAILED."""
+    if (uri, experiment_id) in _checked_for_stale:
+        return
+    _checked_for_stale.add((uri, experiment_id))
+    if not uri.startswith(URI_PREFIX):
+        apply_pending_ends(client)   # first: a run with a kept end is not a stale one
+    fail_stale_runs(client, experiment_id)
+
+
+def _experiment_id(client, cfg: DictConfig) -> str:
+    name = cfg.tracking.experiment
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if cfg.tracking.artifact_root:
+        root = Path(cfg.tracking.artifact_root)
+        root.mkdir(parents=True, exist_ok=True)
+        location = (root / name.replace("/", "_")).as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
