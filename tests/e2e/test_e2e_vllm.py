@@ -88,6 +88,12 @@ def test_sweep_makes_parent_and_children_with_acceptance_and_speedup(sweep) -> N
         m = run.data.metrics
         assert run.info.status == "FINISHED"
         assert m["output_tok_s"] > 0 and m["errors"] == 0
+        # each request's first token and its per-token time come within its e2e, and at concurrency 1 the
+        # requests run one after another: the wall is at least their e2e added (tests/harness/
+        # test_latency_metrics.py checks the values against a known schedule)
+        assert 0 < m["ttft_p50_ms"] <= m["e2e_p50_ms"] and 0 < m["tpot_p50_ms"] <= m["e2e_p50_ms"]
+        summed_e2e_s = m["requests_c1"] * m["e2e_mean_ms_c1"] / 1000
+        assert m["output_tok_s"] <= m["output_tokens_c1"] / summed_e2e_s * (1 + 1e-9)
         if run.data.tags["specws.option"] == "A":
             k = int(run.data.params["spec.num_draft_tokens"])
             assert 1.0 < m["accept_length"] <= k + 1
@@ -119,6 +125,9 @@ def test_taken_port_is_avoided_and_artifacts_are_complete(sweep) -> None:
         records = [json.loads(line) for f in Path(local).glob("*.jsonl") for line in open(f)]
         assert len(records) == 2
         assert all(r["output_token_ids"] and r["prompt_token_ids"] and r["ttft_s"] > 0 for r in records)
+        for r in records:   # the first chunk is the first token; chunks in order, within the request
+            assert r["ttft_s"] == r["chunk_times_s"][0] and r["chunk_times_s"] == sorted(r["chunk_times_s"])
+            assert r["chunk_times_s"][-1] <= r["e2e_s"] and sum(r["chunk_tokens"]) == len(r["output_token_ids"])
 
 
 def test_no_server_left_after_sweep(sweep) -> None:

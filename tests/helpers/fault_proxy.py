@@ -12,6 +12,12 @@ Faults, set with POST /fault {"kind": ..., options} (`set_fault`); kind `none` p
 - bad_json: `after` events, then a line that is not JSON, then the rest
 - trickle: the whole reply, one byte every `every_s` seconds
 - delay: the whole reply as it is, after `delay_s` seconds
+- pace: the engine's events on a set schedule, buffered as they come: the first event that carries tokens (a
+  `choices` entry with `token_ids` or `text`) `first_s` after the request arrived, each later one `every_s` after
+  the slot of the one before (the k-th, from 0, at first_s + k * every_s); events without tokens (vLLM's usage
+  chunk, `data: [DONE]`) right after the line before them; an event the engine sends after its slot when it comes.
+  GET /paced: per paced stream, each token event's `arrived_s` (from the engine), `due_s` (its slot) and `sent_s`,
+  in seconds since the request arrived (cleared by POST /fault)
 `skip`: the first `skip` streaming requests after a configuration pass through untouched; `times`: the fault hits
 that many streaming requests after those, and the later ones pass (default: all of them).
 
@@ -41,7 +47,8 @@ from experiments.harness.launch import LaunchSpec
 from experiments.harness.server import Server
 
 MODULE = "tests.helpers.fault_proxy"
-FAULTS = ("none", "hang", "http_500", "error_event", "truncate", "null_event", "bad_json", "trickle", "delay")
+FAULTS = ("none", "hang", "http_500", "error_event", "truncate", "null_event", "bad_json", "trickle", "delay",
+          "pace")
 ERROR_EVENT = {"error": {"object": "error", "message": "injected fault", "type": "InternalServerError", "code": 500}}
 DONE = b"data: [DONE]\n\n"
 
@@ -52,12 +59,14 @@ class FaultProxy:
         self.fault: dict = {"kind": "none"}
         self.streams = 0          # streaming requests since the fault was set
         self.rewrites: dict[str, dict] = {}   # path -> {dotted key: value} replaced in its JSON replies
+        self.paced: list[list[dict]] = []     # `pace`: per stream, its token events' arrived_s, due_s, sent_s
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=2 ** 26)
         app.router.add_post("/fault", self.set_fault)
         app.router.add_post("/rewrite", self.set_rewrite)
+        app.router.add_get("/paced", self.get_paced)
         app.router.add_route("*", "/{tail:.*}", self.forward)
         app.cleanup_ctx.append(self._session)
         return app
@@ -71,8 +80,11 @@ class FaultProxy:
         fault = await request.json()
         if fault.get("kind") not in FAULTS:
             return web.json_response({"error": f"unknown fault {fault.get('kind')!r}; known: {FAULTS}"}, status=400)
-        self.fault, self.streams = fault, 0
+        self.fault, self.streams, self.paced = fault, 0, []
         return web.json_response(fault)
+
+    async def get_paced(self, request: web.Request) -> web.Response:
+        return web.json_response(self.paced)
 
     async def set_rewrite(self, request: web.Request) -> web.Response:
         rule = await request.json()
@@ -80,6 +92,7 @@ class FaultProxy:
         return web.json_response(rule)
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
+        arrived = asyncio.get_running_loop().time()
         body = await request.read()
         streaming = request.method == "POST" and _is_streaming(body)
         fault = self._fault_for(streaming)
@@ -100,6 +113,9 @@ class FaultProxy:
                 return web.Response(status=up.status, body=reply, content_type=up.content_type)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
+            if fault["kind"] == "pace":
+                await self._pace(up, resp, arrived, float(fault.get("first_s", 1.0)), float(fault.get("every_s", 0.5)))
+                return resp
             await self._relay(request, up, resp, fault)
             return resp
 
@@ -133,6 +149,54 @@ class FaultProxy:
             events += line.startswith(b"data:")
             await resp.write(line)
         await resp.write_eof()
+
+    async def _pace(self, up: aiohttp.ClientResponse, resp: web.StreamResponse, arrived: float, first_s: float,
+                    every_s: float) -> None:
+        """The engine's reply with its token events on the schedule (`pace`): read into a queue as it comes, the
+        k-th token event written at max(its slot, its arrival), its slot first_s + k * every_s after `arrived`; the
+        other lines right after the line before them."""
+        loop, lines = asyncio.get_running_loop(), asyncio.Queue()
+        log: list[dict] = []
+        self.paced.append(log)
+
+        async def read() -> None:
+            try:
+                async for line in up.content:
+                    lines.put_nowait((loop.time(), line))
+            finally:
+                lines.put_nowait((loop.time(), None))
+
+        reader = asyncio.create_task(read())
+        try:
+            due = arrived + first_s
+            while True:
+                came, line = await lines.get()
+                if line is None:
+                    break
+                if _carries_tokens(line):
+                    await asyncio.sleep(max(0.0, due - loop.time()))
+                    await resp.write(line)
+                    sent = loop.time()
+                    log.append({"arrived_s": came - arrived, "due_s": due - arrived, "sent_s": sent - arrived})
+                    due += every_s
+                else:
+                    await resp.write(line)
+            await reader
+        finally:
+            reader.cancel()
+        await resp.write_eof()
+
+
+def _carries_tokens(line: bytes) -> bool:
+    """An SSE `data:` line whose event's first choice carries token ids or text."""
+    if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+        return False
+    try:
+        choices = json.loads(line[5:]).get("choices") or []
+    except (ValueError, AttributeError):
+        return False
+    return bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("token_ids") or
+                                                                   choices[0].get("text"))
 
 
 async def _trickle(resp: web.StreamResponse, line: bytes, every_s: float) -> None:
@@ -172,6 +236,13 @@ def start_fault_proxy(upstream: str, log_path: Path | None = None, timeout_s: fl
 def set_fault(proxy: Server, kind: str, **options) -> None:
     """Inject `kind` (see the module docstring) into the streaming replies from now on."""
     httpx.post(proxy.base_url + "/fault", json={"kind": kind, **options}, timeout=10).raise_for_status()
+
+
+def paced_streams(proxy: Server) -> list[list[dict]]:
+    """`pace`: per paced stream since the fault was set, its token events' arrived_s, due_s and sent_s."""
+    reply = httpx.get(proxy.base_url + "/paced", timeout=10)
+    reply.raise_for_status()
+    return reply.json()
 
 
 def set_rewrite(proxy: Server, path: str, values: dict) -> None:
