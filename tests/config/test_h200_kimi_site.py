@@ -152,7 +152,7 @@ def test_the_bf16_head_beside_the_int4_target_is_loaded_unquantised(tmp_path) ->
 def test_a_head_sglang_cannot_load_is_refused_before_launch(tmp_path) -> None:
     """The random Kimi head had no draft_vocab_size: SGLang's llama_eagle3 died at load on the H200 (B and E)."""
     model = tmp_path / "kimi"
-    subprocess.run([sys.executable, "-m", "experiments.moe.kimi_mini", "build", "--out", str(model)], check=True,
+    subprocess.run([sys.executable, "-m", "experiments.box.kimi_mini", "build", "--out", str(model)], check=True,
                    capture_output=True, timeout=120)
     cfg = site("+option=B", f"model.path={model}")
     check_head_loads(cfg, model / "eagle3")   # the builder writes draft_vocab_size: null (the target's vocabulary)

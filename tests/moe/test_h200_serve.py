@@ -23,7 +23,7 @@ def args(model: Path, model_config: str, site: str) -> argparse.Namespace:
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("kimi") / "model"
-    subprocess.run([sys.executable, "-m", "experiments.moe.kimi_mini", "build", "--out", str(out)], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "experiments.box.kimi_mini", "build", "--out", str(out)], cwd=ROOT,
                    check=True, capture_output=True, timeout=120)
     return out
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from experiments.moe import kimi_kernels as kk
+from experiments.box import kimi_kernels as kk
 from sglang_patches import selfcheck
 
 

@@ -3,7 +3,7 @@
 (`fused_experts(use_int4_w4a16=True)`), E = 384 experts, top-8, K = 7168, N = 2048 and the TP-8 shard N = 256,
 group 32, M = 1 ... 512 tokens. Runs on the H200 host with SGLang 0.5.14 (no mlflow, no hydra):
 
-    python3 -m experiments.moe.kimi_kernels --out FILE.json [--quick] [--skew 0.25] [--budget-s 90]
+    python3 -m experiments.box.kimi_kernels --out FILE.json [--quick] [--skew 0.25] [--budget-s 90]
 
 Weights are random INT4 in SGLang's loaded compressed-tensors layout, converted once per kernel as its scheme's
 process_weights_after_loading does (sglang_patches.selfcheck: prepare_marlin / prepare_triton / run_prepared),
@@ -20,7 +20,7 @@ dequantised torch reference and each other at N = 2048, M = 2.
 Time: Marlin's kernels are JIT-built (tvm-ffi + nvcc; cold on the H200 one build took 328 s, another over 380 s;
 then cached in $TVM_FFI_CACHE_DIR or ~/.cache/tvm-ffi): a subprocess builds them while Triton is measured, and the
 run waits up to --marlin-build-timeout for it. `--prebuild-only` just builds them: start it early in a lease
-(`setsid nohup python3 -m experiments.moe.kimi_kernels --out x --prebuild-only &`), and a later run finds them.
+(`setsid nohup python3 -m experiments.box.kimi_kernels --out x --prebuild-only &`), and a later run finds them.
 Triton compiles per config and integer specialisation at a shape's first call (first_call_s; 17-20 s in all).
 --budget-s bounds the run's wall time less that wait: Triton's rows must start within 3/4 of it, Marlin's within
 the rest; a row past its deadline is not started (listed under left_out). The JSON is rewritten after every

@@ -1,8 +1,8 @@
 """Kimi-K2.5 in miniature: the model folder SGLang 0.5.14 serves with `--load-format dummy` (random weights made by
 SGLang on the GPU host; nothing big is written here or travels).
 
-    python -m experiments.moe.kimi_mini build --out DIR [--layers N]   # seconds; deterministic
-    python -m experiments.moe.kimi_mini memory [--layers N]            # weight bytes as SGLang holds them
+    python -m experiments.box.kimi_mini build --out DIR [--layers N]   # seconds; deterministic
+    python -m experiments.box.kimi_mini memory [--layers N]            # weight bytes as SGLang holds them
 
 DIR gets config.json (conf/model/kimi_k25_mini.yaml `hf_config`, the one source of truth), generation_config.json,
 a fast tokenizer of Kimi's vocabulary size (WordLevel over the words of the workspace's prompt sets, filler words up
@@ -215,7 +215,7 @@ def eagle3_weight_bytes(head: dict, target_hidden: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.moe.kimi_mini", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.box.kimi_mini", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="write the model folder (config, tokenizer, EAGLE-3 head config)")
     b.add_argument("--out", type=Path, required=True)

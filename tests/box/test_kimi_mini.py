@@ -13,9 +13,9 @@ import pytest
 from conftest import compose_cfg
 from transformers import AutoConfig, AutoTokenizer
 
+from experiments.box import kimi_mini
 from experiments.config.paths import cache_dir
 from experiments.harness.preflight import check_head_fits
-from experiments.moe import kimi_mini
 
 SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
 CHECK = Path(__file__).with_name("sglang_kimi_check.py")
