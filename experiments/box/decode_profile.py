@@ -1,6 +1,6 @@
 """Per-component share of decode GPU time from a PyTorch profiler trace, side by side with the box's seed profile.
 
-`python -m experiments.analysis.decode_profile TRACE.trace.json.gz [...] [--json OUT]`
+`python -m experiments.box.decode_profile TRACE.trace.json.gz [...] [--json OUT]`
 
 The trace is the chrome-trace JSON SGLang 0.5.14 writes when profiling is asked for over HTTP:
 `POST /start_profile {"output_dir": DIR, "num_steps": N, "activities": ["GPU"]}` (then `/stop_profile`, or it
@@ -85,7 +85,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.analysis.decode_profile", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.box.decode_profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="+", type=Path)
     p.add_argument("--json", type=Path)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.analysis.decode_profile import box_shares, classify, main, profile
+from experiments.box.decode_profile import box_shares, classify, main, profile
 
 KERNELS = {   # name -> (class, microseconds)
     "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": ("allreduce", 500.0),

@@ -1,6 +1,6 @@
-"""A PyTorch profiler trace of SGLang decode steps at chosen concurrencies, for experiments.analysis.decode_profile.
+"""A PyTorch profiler trace of SGLang decode steps at chosen concurrencies, for experiments.box.decode_profile.
 
-`python -m experiments.moe.decode_trace --model DIR --site h200x8-kimi --out DIR --concurrency 1,128`
+`python -m experiments.box.decode_trace --model DIR --site h200x8-kimi --out DIR --concurrency 1,128`
 
 One server start (the baseline's command line) and a warm-up; per concurrency, `POST /start_profile`
 {"output_dir", "num_steps", "activities": ["GPU"]} (SGLang 0.5.14, srt/entrypoints/http_server.py) while c
@@ -43,7 +43,7 @@ def profile_pass(server, prompts: list[dict], concurrency: int, max_new_tokens: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.moe.decode_trace", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.box.decode_trace", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--model-config", default="kimi_k25_mini")
