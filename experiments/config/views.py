@@ -102,6 +102,11 @@ class LimitsView:
         _positive("limits", max_running_requests=self.max_running_requests)
 
 
+def _http_url(key: str, url: str | None) -> None:
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{key} must be an http:// or https:// URL, got {url!r}")
+
+
 @dataclass(frozen=True)
 class ServerView:
     """Where the server comes from: a running one (`url`), else one started (and pooled) by the runner."""
@@ -113,8 +118,7 @@ class ServerView:
 
     def __post_init__(self) -> None:
         _positive("server", startup_timeout_s=self.startup_timeout_s, pool_size=self.pool_size)
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"server.url must be an http:// or https:// URL, got {self.url!r}")
+        _http_url("server.url", self.url)
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,7 @@ class BaselineView:
 
     def __post_init__(self) -> None:
         _positive("baseline", max_age_h=self.max_age_h, loaded_host_share=self.loaded_host_share)
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"baseline.url must be an http:// or https:// URL, got {self.url!r}")
+        _http_url("baseline.url", self.url)
 
 
 @dataclass(frozen=True)
