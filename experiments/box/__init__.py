@@ -7,6 +7,8 @@ it says otherwise), and the readers of what they write there.
 - Where a decode step's time goes: `decode_trace` (SGLang's profiler traces of the miniature's decode steps,
   through the H200 MoE script's servers) and `decode_profile` (their kernel-time shares, next to the box's seed
   profile; runs here too).
+- The box's tensor parallelism on a multi-GPU host: `allreduce_bench` (all-reduce bus bandwidth at Kimi's per-step
+  sizes, nccl-tests style) and `tp_workers` (whether the patches reached every TP worker, from a server's log).
 
 Not here, though they serve the box too:
 - the box's memory per GPU (`analysis/box_memory.py`): the box's band model (`analysis/speedup/box_terms.py`)

@@ -1,6 +1,6 @@
 """All-reduce bus bandwidth on this host's GPUs, nccl-tests style, through torch.distributed.
 
-`python -m experiments.hosts.allreduce_bench --gpus 8 --out allreduce.json [--backend nccl|gloo]`
+`python -m experiments.box.allreduce_bench --gpus 8 --out allreduce.json [--backend nccl|gloo]`
 
 One process per device (torch.multiprocessing). Sizes run from Kimi-K2.5's per-step all-reduce (hidden 7168
 bf16 x tokens 1...512: what every TP layer reduces twice per decode step at that batch) up to 256 MiB. As
@@ -131,7 +131,7 @@ def run(gpus: int, out: str, backend: str = "nccl", sizes: list[int] | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.hosts.allreduce_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.box.allreduce_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 2)
     p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")

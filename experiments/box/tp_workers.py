@@ -1,7 +1,7 @@
 """Did the patches reach every tensor-parallel worker? Read from an SGLang server log started through
 `python -m sglang_patches.launch`, which writes one SPECWS_SGLANG_PATCHES_REPORT line per process.
 
-`python -m experiments.hosts.tp_workers SERVER.log --tp 8 [--json OUT]`   (exit 1 when a worker lacks them)
+`python -m experiments.box.tp_workers SERVER.log --tp 8 [--json OUT]`   (exit 1 when a worker lacks them)
 
 SGLang 0.5.14 spawns one scheduler process per TP rank plus the detokenizer; each applies the launcher's patches
 before SGLang's code runs there. Its processes carry no rank in their identity (multiprocessing names them
@@ -47,7 +47,7 @@ def check_patched_workers(log_text: str, tp: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.hosts.tp_workers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.box.tp_workers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("log", type=Path)
     p.add_argument("--tp", type=int, default=8)

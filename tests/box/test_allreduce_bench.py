@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from experiments.hosts.allreduce_bench import KIMI_HIDDEN, MIB, bus_bandwidth, kimi_sizes, main, run
+from experiments.box.allreduce_bench import KIMI_HIDDEN, MIB, bus_bandwidth, kimi_sizes, main, run
 
 
 def test_bus_bandwidth_is_nccl_tests_factor() -> None:

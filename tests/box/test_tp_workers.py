@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from experiments.hosts.tp_workers import check_patched_workers, main
+from experiments.box.tp_workers import check_patched_workers, main
 from sglang_patches.applying import REPORT_PREFIX
 
 
