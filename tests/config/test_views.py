@@ -27,6 +27,9 @@ from experiments.harness.deadlines import RequestSettings, derived_level_deadlin
     ("workload.level_timeout_s=[1,2]", "workload.level_timeout_s must be a number of seconds"),
     ("workload.floor_tok_s=0", "workload.floor_tok_s must be > 0"),
     ("workload.floor_tok_s=abc", "workload.floor_tok_s: Value 'abc'"),
+    ("server.url=localhost:8000", "server.url must be an http:// or https:// URL, got 'localhost:8000'"),
+    ("baseline.url=ftp://x", "baseline.url must be an http:// or https:// URL"),
+    ("baseline.loaded_host_share=0", "baseline.loaded_host_share must be > 0"),
 ])
 def test_bad_values_are_refused_naming_the_key(override: str, words: str) -> None:
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("(", r"\(")):
