@@ -7,6 +7,7 @@ One server start (the baseline's command line) and a warm-up; per concurrency, `
 requests decode; the profiler stops itself after num_steps forward steps and every TP rank writes
 `<out>/c<c>/<time>-TP-<rank>.trace.json.gz`. Prefill steps come first, so the profile starts after them
 (`start_step` is left to SGLang: steps are counted from the request, and the warm-up is over by then).
+The decoding requests go through the harness's client (`h200_serve.generate_all`); the profile request is plain HTTP.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from experiments.moe.h200_serve import PROMPT_VOCAB, PROMPTS, generate, launch_spec, served, warm, with_copies
+from experiments.moe.h200_serve import PROMPT_VOCAB, PROMPTS, generate_all, launch_spec, served, warm, with_copies
 
 TRACE_WAIT_S = 300
 
@@ -28,18 +29,18 @@ def profile_pass(server, prompts: list[dict], concurrency: int, max_new_tokens: 
     """c requests in flight; the profile is asked for once they are decoding."""
     folder.mkdir(parents=True, exist_ok=True)
     batch = [prompts[i % len(prompts)] for i in range(concurrency)]
-    with ThreadPoolExecutor(concurrency + 1) as pool:
-        futures = [pool.submit(generate, server, p["token_ids"], max_new_tokens) for p in batch]
+    with ThreadPoolExecutor(1) as pool:
+        decoding = pool.submit(generate_all, server, batch, concurrency, max_new_tokens)
         time.sleep(2.0)   # past the prefill of this batch
         body = {"output_dir": str(folder.resolve()), "num_steps": num_steps, "activities": ["GPU"]}
         httpx.post(f"{server.base_url}/start_profile", json=body, timeout=60).raise_for_status()
-        results = [f.result() for f in futures]
+        records, _ = decoding.result()
     deadline = time.time() + TRACE_WAIT_S
     while not list(folder.glob("*.trace.json.gz")) and time.time() < deadline:
         time.sleep(2.0)
     traces = sorted(str(p) for p in folder.glob("*.trace.json.gz"))
     return {"concurrency": concurrency, "num_steps": num_steps, "traces": traces,
-            "output_tokens": sum(r.get("meta_info", {}).get("completion_tokens") or 0 for r in results)}
+            "output_tokens": sum((r.meta or {}).get("completion_tokens") or 0 for r in records)}
 
 
 def main(argv: list[str] | None = None) -> int:

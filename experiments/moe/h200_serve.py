@@ -17,6 +17,8 @@ spawned processes too), started, health-checked and stopped by `harness.server.S
   experts = unbudgeted) at each concurrency.
 - `graphs`: tok/s with CUDA graphs: option E on NGRAM with --graph-k draft tokens, one server per B
   (`moe_budget` only).
+Every request goes through the harness's client (`harness.client.WorkloadRunner`, streamed `/generate` with the
+prompt's token ids, greedy); a request that fails fails its server's configuration.
 Results: $OUT/<phase>.json (per pass: outputs, per-request accept length, tok/s, telemetry summary) and the
 raw telemetry lines under $OUT/<phase>-telemetry/. A failing server is recorded with its log tail, and the
 phase goes on with the next configuration.
@@ -27,23 +29,26 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.config.paths import ROOT
+from experiments.engines import adapter_for
 from experiments.engines.knobs import refuse_unused_knobs
+from experiments.harness.client import RequestRecord, RequestSettings, WorkloadRunner, fixed_prompts
 from experiments.harness.launch import LaunchSpec, build_launch_spec
-from experiments.harness.server import Server
+from experiments.harness.server import Server, served_model_name
+from experiments.harness.workloads.sampling import VisitPlan
 from sglang_patches.moe_budget import BUDGET_FILE_ENV
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 STARTUP_TIMEOUT_S = 400
+REQUEST_TIMEOUT_S = 300   # per request, and between two of its stream events
 PROMPT_VOCAB = 49152   # SmolLM2's, whose ids prompts.json holds (valid ids of any larger vocabulary too)
 NO_GRAPHS = ["--disable-cuda-graph"]   # telemetry counts synchronise; graph replays run no Python
 # chain drafts: one continuation per step, so a verify forward carries bs * (k+1) tokens
@@ -74,20 +79,29 @@ def telemetry_spec(folder: Path) -> dict:
     return {"moe_telemetry": True, "moe_telemetry_dir": str(folder.resolve())}
 
 
-def generate(server: Server, input_ids: list[int], max_new_tokens: int) -> dict:
-    body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
-    t0 = time.time()
-    response = httpx.post(f"{server.base_url}/generate", json=body, timeout=300)
-    response.raise_for_status()
-    out = response.json()
-    out["latency_s"] = time.time() - t0
-    return out
+class RequestFailed(RuntimeError):
+    """A request of a batch failed or was not sent; the server's configuration is recorded with the error."""
 
 
-def generate_all(server: Server, prompts: list[dict], concurrency: int, max_new_tokens: int) -> list[dict]:
-    """Every prompt's response, in order, with at most `concurrency` requests in flight."""
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda p: generate(server, p["token_ids"], max_new_tokens), prompts))
+def generate_all(server: Server, prompts: list[dict], concurrency: int, max_new_tokens: int
+                 ) -> tuple[list[RequestRecord], float]:
+    """Every prompt once, greedy, through the harness's client with at most `concurrency` requests in flight: the
+    records in the prompts' order and the wall seconds of the batch. RequestFailed when one of them failed."""
+    # keyed by position: a warm-up batch may hold a prompt twice
+    convs, render = fixed_prompts({str(i): p["token_ids"] for i, p in enumerate(prompts)})
+    plan = VisitPlan(warmup=[], level_warmup={}, measured={(concurrency, 0): convs}, levels=[concurrency])
+    settings = RequestSettings(max_new_tokens, 0.0, 0, REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S)
+    with tempfile.TemporaryDirectory() as tmp:   # the client's records file; this script writes its own JSON
+        runner = WorkloadRunner(server, adapter_for(server.spec.engine), served_model_name(server.spec.args) or "",
+                                settings, render, Path(tmp) / "records.jsonl")
+        (level,) = runner.run(plan)
+    by_position = {r.prompt_id: r for r in level.records}
+    failed = [r for r in level.records if r.error is not None]
+    if failed or len(by_position) != len(prompts):
+        first = f"; first: {failed[0].error_kind}: {failed[0].error}" if failed else ""
+        raise RequestFailed(f"{len(failed)} of {len(prompts)} requests failed, {len(prompts) - len(by_position)} "
+                            f"not sent, at concurrency {concurrency}{first}")
+    return [by_position[str(i)] for i in range(len(prompts))], level.wall_s
 
 
 def telemetry_lines(folder: Path) -> int:
@@ -116,16 +130,14 @@ def summarise_telemetry(records: list[dict]) -> dict:
 def run_pass(server: Server, prompts: list[dict], concurrency: int, max_new_tokens: int,
              telemetry: Path | None) -> dict:
     skip = telemetry_lines(telemetry) if telemetry else 0
-    t0 = time.time()
-    results = generate_all(server, prompts, concurrency, max_new_tokens)
-    wall = time.time() - t0
+    records, wall = generate_all(server, prompts, concurrency, max_new_tokens)
     requests = []
-    for p, r in zip(prompts, results, strict=True):
-        meta = r.get("meta_info", {})
-        requests.append({"id": p["id"], "output_ids": r.get("output_ids"), "text": r.get("text"),
+    for p, r in zip(prompts, records, strict=True):
+        meta = r.meta or {}   # the finishing event's meta_info
+        requests.append({"id": p["id"], "output_ids": r.output_token_ids, "text": r.text,
                          "completion_tokens": meta.get("completion_tokens"),
                          "spec_verify_ct": meta.get("spec_verify_ct"),
-                         "spec_accept_length": meta.get("spec_accept_length"), "latency_s": r["latency_s"]})
+                         "spec_accept_length": meta.get("spec_accept_length"), "latency_s": r.e2e_s})
     tokens = sum(q["completion_tokens"] or 0 for q in requests)
     accept = [q["spec_accept_length"] for q in requests if q["spec_accept_length"] is not None]
     verify = sum(q["spec_verify_ct"] or 0 for q in requests)
@@ -147,7 +159,7 @@ def extend_pass(server: Server, prompts: list[dict], telemetry: Path) -> list[di
         if not p.get("teacher_ids") or "#" in p["id"]:   # copies (--copies) are not the teacher's text
             continue
         skip = telemetry_lines(telemetry)
-        generate(server, p["token_ids"] + p["teacher_ids"], 1)
+        generate_all(server, [{"token_ids": p["token_ids"] + p["teacher_ids"]}], 1, 1)
         recs = [r for r in telemetry_since(telemetry, skip) if r["mode"] == "extend"]
         if recs:
             rows.append({"id": p["id"], "tokens": recs[0]["tokens"], "distinct": recs[0]["distinct"],
