@@ -19,9 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from experiments.moe.h200_serve import PROMPT_VOCAB, PROMPTS, generate_all, launch_spec, served, warm, with_copies
+from experiments.moe.h200_serve import PROMPT_VOCAB, PROMPTS, generate_all, launch_spec, served, with_copies
 
 TRACE_WAIT_S = 300
+WARMUP_PROMPTS, WARMUP_TOKENS = 2, 8   # one after another, before the first profile
 
 
 def profile_pass(server, prompts: list[dict], concurrency: int, max_new_tokens: int, folder: Path,
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = launch_spec(a, "baseline", {}, [])   # limits sized for the largest concurrency: one server serves all
 
     def body(server) -> None:
-        warm(server, prompts, 8)
+        generate_all(server, prompts[:WARMUP_PROMPTS], 1, WARMUP_TOKENS)
         for c in a.concurrency:
             record["passes"].append(profile_pass(server, prompts, c, a.max_new_tokens, a.out / f"c{c}", a.num_steps))
     served(spec, a.out / "server.log", record, body)

@@ -1,7 +1,9 @@
 """experiments.box.decode_trace on the loopback server (SGLang's streamed /generate): a profile pass keeps c
-requests decoding through the harness's client while it asks for the profile over plain HTTP."""
+requests decoding through the harness's client while it asks for the profile over plain HTTP; the command warms
+the server up, then profiles each concurrency and writes what it got."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from experiments.box import decode_trace
@@ -40,3 +42,27 @@ def test_the_profile_is_asked_while_the_batch_decodes(tmp_path: Path, monkeypatc
     assert body == {"output_dir": str((tmp_path / "c4").resolve()), "num_steps": 5, "activities": ["GPU"]}
     assert out == {"concurrency": 4, "num_steps": 5, "traces": [str(tmp_path / "c4" / "0-TP-0.trace.json.gz")],
                    "output_tokens": 32}
+
+
+def test_the_command_warms_up_then_profiles_every_concurrency(tmp_path: Path, monkeypatch) -> None:
+    server = start_loopback(ttft_ms=5.0, itl_ms=2.0, log_path=tmp_path / "server.log")
+    server.spec.engine = "sglang"
+    asked = ProfileAsked(server)
+    monkeypatch.setattr(decode_trace.httpx, "post", asked)
+    monkeypatch.setattr(decode_trace, "launch_spec", lambda *args: None)   # the server is the loopback's
+
+    def served(spec, log: Path, record: dict, body) -> None:   # as h200_serve.served, without catching
+        body(server)
+
+    monkeypatch.setattr(decode_trace, "served", served)
+    try:
+        assert decode_trace.main(["--model", "unused", "--out", str(tmp_path / "out"), "--concurrency", "1,3",
+                                  "--max-new-tokens", "4", "--num-steps", "2"]) == 0
+        sent = [v for _, v in sorted(sent_times(server).items(), key=lambda kv: int(kv[0]))]
+    finally:
+        server.stop()
+    record = json.loads((tmp_path / "out" / "decode_trace.json").read_text())
+    passes = [(p["concurrency"], p["output_tokens"], len(p["traces"])) for p in record["passes"]]
+    assert passes == [(1, 4, 1), (3, 12, 1)]
+    assert [len(s["times"]) for s in sent] == [8, 8, 4, 4, 4, 4]   # two warm-ups of 8 tokens first
+    assert [c[1]["output_dir"] for c in asked.calls] == [str((tmp_path / "out" / f"c{c}").resolve()) for c in (1, 3)]
