@@ -147,7 +147,7 @@ class WorkloadRunner:
 
     async def _run(self, plan: VisitPlan) -> list[LevelResult]:
         # aiohttp, not httpx: its line reader sustains several times the streamed-token rate at a fraction
-        # of the CPU (bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
+        # of the CPU (experiments/bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
         # the request and stall deadlines are the client's own timer (`_request`), which tells them apart
         st = self.settings
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(st.timeout_s, st.stall_timeout_s), sock_read=None)
