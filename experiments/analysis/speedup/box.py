@@ -99,7 +99,7 @@ def curve_variant(curve: list[float], label: str) -> Variant:
 
 def kernel_fit(path: Path, kernel: str, n: int = 256) -> tuple[tuple[float, float, float], list[tuple[float, float]]]:
     """Least squares us = fixed + per_expert x distinct + per_token x tokens over a kernel microbenchmark's uniform
-    rows at shard width n (experiments/moe/kimi_kernels.py JSON), and its measured (tokens, us)."""
+    rows at shard width n (experiments/box/kimi_kernels.py JSON), and its measured (tokens, us)."""
     rows = sorted((r for r in json.loads(Path(path).read_text())["rows"].values()
                    if r["N"] == n and r.get("routing") == "uniform" and (r.get(kernel) or {}).get("us")),
                   key=lambda r: r["M"])

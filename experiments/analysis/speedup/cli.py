@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
                               "served_expert_curve.json); default: uniform routing")
     variant.add_argument("--moe-kernel", type=Path, default=None,
                          help="MoE time vs tokens as the H200 kernel microbenchmark measured it "
-                              "(experiments/moe/kimi_kernels.py JSON), carried to the box as is (fixed share pinned)")
+                              "(experiments/box/kimi_kernels.py JSON), carried to the box as is (fixed share pinned)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     return ap
 

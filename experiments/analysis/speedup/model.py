@@ -154,7 +154,7 @@ class BoxProfile:
 def load_moe_time_curve(path: Path, n: int = 256, kernel: str = "marlin_w4a16",
                         routing: str = "uniform") -> list[tuple[float, float]]:
     """(tokens, time relative to one token) of one MoE kernel at one expert shard width N, from the kernel
-    microbenchmark's JSON (experiments/moe/kimi_kernels.py); N = 256 is Kimi-K2.5's TP-8 shard."""
+    microbenchmark's JSON (experiments/box/kimi_kernels.py); N = 256 is Kimi-K2.5's TP-8 shard."""
     rows = json.loads(Path(path).read_text())["rows"].values()
     points = sorted((r["M"], r[kernel]["us"]) for r in rows
                     if r["N"] == n and r.get("routing") == routing and (r.get(kernel) or {}).get("us"))
