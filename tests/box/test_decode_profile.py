@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from experiments.analysis.speedup.model import BoxProfile
 from experiments.box.decode_profile import box_shares, classify, main, profile
 
 KERNELS = {   # name -> (class, microseconds)
@@ -47,10 +48,13 @@ def test_shares_count_only_gpu_kernels(tmp_path) -> None:
 
 def test_box_seed_profile_is_alongside(tmp_path, capsys) -> None:
     assert box_shares()["allreduce"] == pytest.approx(0.515)
-    assert sum(box_shares().values()) == pytest.approx(1.0)
+    assert box_shares()["other"] == pytest.approx(0.087)          # 1 - 0.515 - 0.153 - 0.134 - 0.111
+    assert box_shares(BoxProfile(share_moe=0.5))["other"] == 0.0   # shares past 1 leave no negative remainder
     path = tmp_path / "t.json"
     path.write_text(json.dumps(synthetic_trace()))
-    assert main([str(path), "--json", str(tmp_path / "out.json")]) == 0
+    main([str(path), "--json", str(tmp_path / "out.json")])
     out = capsys.readouterr().out
     assert "| allreduce | 50.0% | 51.5% |" in out
-    assert json.loads((tmp_path / "out.json").read_text())["box_shares"]["moe"] == pytest.approx(0.111)
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert written["shares"]["moe"] == pytest.approx(0.105)        # (90 + 10 + 5) of the trace's 1000 us
+    assert written["box_shares"]["moe"] == pytest.approx(0.111)

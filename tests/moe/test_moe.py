@@ -271,8 +271,19 @@ def test_option_e_refusals():
     check_option(_compose("+option=E", "site=h200", "model=tiny_moe_dsv3"))   # served: tests/options/test_option_e.py
 
 
+@pytest.fixture(scope="module")
+def small_moe() -> Path:
+    """The built small MoE. bin/setup does not build it (~12 min of distillation on one CPU thread, after 1024
+    SmolLM2 answers), and a random one would serve near-uniform logits that no engine could get wrong: a
+    missing build fails with the command that makes it."""
+    if not (model_dir() / "build.json").exists():
+        pytest.fail(f"the small MoE is not built ({model_dir() / 'build.json'} is missing; bin/setup does not "
+                    "build it): run `.venv/bin/python -m experiments.moe.build`")
+    return model_dir()
+
+
 @pytest.mark.slow
-def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path):
+def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path, embedded_ready, small_moe):
     """vLLM's DeepSeek-V3 code (CPU MLA, CPU fused MoE with grouped sigmoid routing) serves the built model;
     every greedy token it returns is HF's top-1 or a near-tie of it (bf16 serving vs fp32 reference)."""
     import httpx
@@ -282,10 +293,8 @@ def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path):
     from experiments.harness.server import Server
     from experiments.moe.model import load_model
 
-    if not (model_dir() / "build.json").exists():
-        pytest.skip("the small MoE is not built here (python -m experiments.moe.build, ~15 min)")
     spec = LaunchSpec(engine="vllm", python=str(VLLM_PYTHON), module="vllm.entrypoints.openai.api_server",
-                      args=["--model", str(model_dir()), "--dtype", "bfloat16", "--max-model-len", "1024",
+                      args=["--model", str(small_moe), "--dtype", "bfloat16", "--max-model-len", "1024",
                             "--enforce-eager", "--served-model-name", "tiny"],
                       env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"},
                       health_path="/health")
@@ -301,7 +310,7 @@ def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path):
             outputs.append(r.json()["choices"][0]["token_ids"])
     finally:
         server.stop()
-    model = load_model()
+    model = load_model(small_moe)
     for ids, out in zip(prompts, outputs, strict=True):
         assert len(out) == 16
         with torch.no_grad():
