@@ -155,13 +155,10 @@ NO_SPECULATION = "no speculation runs (spec.method=none)"
 
 class EngineAdapter(ABC):
     """One engine: its flags, parser, requests and counters, and the facts the rest of the workspace asks of it
-    (its speculation rules, the SGLang patch launcher, the EAGLE-3 head's aux-layer convention, how a running
-    server is read back). Registered in experiments/engines/__init__.py."""
+    (its speculation rules, the SGLang patch launcher, how a running server is read back). Registered in
+    experiments/engines/__init__.py."""
     name: str
     patchable = False            # served through sglang_patches.launch: the SGLang patches apply to it
-    # EAGLE-3 head config: the engine's id of the hidden state taken at "input of target layer k" is k + offset
-    aux_layer_offset = 0
-    aux_layer_convention = "id k = input of target layer k (hidden_states[k])"
     # cfg.limits key -> this engine's flag, pinned on every command line (baseline included)
     LIMIT_FLAGS: dict[str, str] = {}
     # spec.method -> the spec knobs (dotted, under spec.) that this adapter passes to the engine

@@ -62,8 +62,6 @@ SGLANG_IGNORED = {
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
     patchable = True
-    aux_layer_offset = -1      # SGLang's id k is the output of target layer k: the input of layer k + 1
-    aux_layer_convention = "id k = output of target layer k"
 
     @property
     def speculation(self):
