@@ -4,9 +4,7 @@ passes the runner's dry run (launch spec built, config logged to a real store) o
 lease is not spent on a run refused at its start."""
 from __future__ import annotations
 
-import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +13,7 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.config.paths import ROOT
+from tests.helpers.plans import planned_steps as plan_steps
 
 PLAN = ROOT / "bin" / "kimi-plan"
 
@@ -24,13 +23,7 @@ def plan_text() -> str:
 
 
 def planned_steps(dest: Path, **env: str) -> dict[str, list[str]]:
-    """The plan's steps as it would run them under `dest` (PLAN_DRY_RUN=1: bin/lib/plan.sh prints each
-    command line instead of running it): step name -> argv."""
-    base = {k: v for k, v in os.environ.items() if k not in ("KIMI_OVERRIDES", "PLAN_BUDGET_S", "KIMI_KERNELS")}
-    out = subprocess.run(["bash", str(PLAN)], env={**base, "SPECWS_DEST": str(dest), "OUT": str(dest / "out"),
-                                                   "PLAN_DRY_RUN": "1", **env},
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    return {m[1]: shlex.split(m[2]) for m in re.finditer(r"^== dry-run (\S+): (.*)$", out, re.M)}
+    return plan_steps(PLAN, dest, ("KIMI_OVERRIDES", "PLAN_BUDGET_S", "KIMI_KERNELS"), **env)
 
 
 def runner_steps(dest: Path, **env: str) -> dict[str, list[str]]:

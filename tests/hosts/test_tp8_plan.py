@@ -2,9 +2,7 @@
 and every runner step composes there as the plan passes it (bin/lib/plan.sh: COMMON, then the step's own)."""
 from __future__ import annotations
 
-import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +11,7 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.config.paths import ROOT
+from tests.helpers.plans import planned_steps as plan_steps
 
 PLAN = ROOT / "bin" / "tp8-plan"
 
@@ -22,13 +21,7 @@ def modules() -> list[str]:
 
 
 def planned_steps(dest: Path, **env: str) -> dict[str, list[str]]:
-    """The plan's steps as it would run them under `dest` (PLAN_DRY_RUN=1: bin/lib/plan.sh prints each
-    command line instead of running it): step name -> argv."""
-    base = {k: v for k, v in os.environ.items() if k not in ("TP8_OVERRIDES", "PLAN_BUDGET_S", "GPUS")}
-    out = subprocess.run(["bash", str(PLAN)], env={**base, "SPECWS_DEST": str(dest), "OUT": str(dest / "out"),
-                                                   "PLAN_DRY_RUN": "1", **env},
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    return {m[1]: shlex.split(m[2]) for m in re.finditer(r"^== dry-run (\S+): (.*)$", out, re.M)}
+    return plan_steps(PLAN, dest, ("TP8_OVERRIDES", "PLAN_BUDGET_S", "GPUS"), **env)
 
 
 def test_plan_is_valid_bash() -> None:
