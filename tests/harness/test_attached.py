@@ -11,13 +11,12 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from conftest import compose_cfg, run_workspace
+from conftest import run_workspace
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
 
-from experiments.harness.launch import build_launch_spec
 from experiments.harness.server import Server
 from tests.helpers.busy import busy_outsider
+from tests.helpers.engines import eager_engine
 from tests.helpers.fault_proxy import set_fault, set_rewrite, start_fault_proxy
 
 EXPERIMENT = "smollm2_135m@local"
@@ -28,11 +27,8 @@ REFUSAL_S = 120.0
 
 
 def _engine(option: str, tmp: Path) -> Server:
-    cfg = compose_cfg(f"+option={option}", "site=local")
-    OmegaConf.update(cfg, "engine.extra_args", [*cfg.engine.extra_args, "--enforce-eager"])
-    spec = build_launch_spec(cfg)
-    spec.env["VLLM_SERVER_DEV_MODE"] = "1"     # /server_info: the whole engine config, read back
-    return Server(spec, tmp / f"{option}.log")
+    # VLLM_SERVER_DEV_MODE: /server_info, the whole engine config, read back
+    return eager_engine(option, tmp / f"{option}.log", VLLM_SERVER_DEV_MODE="1")[0]
 
 
 @pytest.fixture(scope="module")

