@@ -90,13 +90,34 @@ def find_baseline(client: MlflowClient, experiment_id: str, key: str, host: str,
     return None
 
 
+RATIOS = {"output_tok_s_c": "speedup_vs_baseline_c", "goodput_req_s_c": "goodput_vs_baseline_c"}
+
+
 def speedups(option_metrics: dict[str, float], baseline_metrics: dict[str, float]) -> dict[str, float]:
+    """Per level, the option's output tok/s over the baseline's (`speedup_vs_baseline_c<c>`) and, where targets
+    were set, its goodput over the baseline's (`goodput_vs_baseline_c<c>`); the lowest level's tok/s ratio as the
+    run's `speedup_vs_baseline`."""
     out = {}
     for name, value in option_metrics.items():
-        if name.startswith("output_tok_s_c") and baseline_metrics.get(name):
-            out["speedup_vs_baseline_c" + name.removeprefix("output_tok_s_c")] = value / baseline_metrics[name]
+        for measured, ratio in RATIOS.items():
+            if name.startswith(measured) and baseline_metrics.get(name):
+                out[ratio + name.removeprefix(measured)] = value / baseline_metrics[name]
     if baseline_metrics.get("output_tok_s"):
         out["speedup_vs_baseline"] = option_metrics["output_tok_s"] / baseline_metrics["output_tok_s"]
+    return out
+
+
+def slo_breaks(option_metrics: dict[str, float], baseline_metrics: dict[str, float]) -> dict[str, float]:
+    """`slo_breaks_c<c>`: how many latency targets the option's level misses (its p99 above the target) that the
+    baseline's same level meets; such a level does not pay, whatever its throughput. Only where targets were set
+    (the summary's `slo_<name>_met_c<c>`); option and baseline share them (the workload is in the pairing key)."""
+    out: dict[str, float] = {}
+    for name, met in option_metrics.items():
+        if not (name.startswith("slo_") and "_met_c" in name) or name.startswith("slo_met_c"):
+            continue
+        level = name.rsplit("_c", 1)[1]
+        broken = met == 0.0 and baseline_metrics.get(name) == 1.0
+        out[f"slo_breaks_c{level}"] = out.get(f"slo_breaks_c{level}", 0.0) + float(broken)
     return out
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from experiments.config.views import RunView
@@ -21,6 +21,7 @@ from experiments.harness.baseline import (
     PairingRefused,
     compare_greedy,
     compare_sampled,
+    slo_breaks,
     speedups,
 )
 from experiments.harness.client import RequestSettings, WorkloadRunner
@@ -28,7 +29,7 @@ from experiments.harness.hostload import host_loaded
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.prepare import PreparedWorkload
 from experiments.harness.server import POOL
-from experiments.harness.summary import Summary, check_error_share, summarize
+from experiments.harness.summary import SloTargets, Summary, check_error_share, summarize
 from experiments.tracking.export import LIMIT_PARAM, Measurement
 from experiments.tracking.records import load_records, run_records
 from experiments.tracking.redact import redact_text
@@ -57,7 +58,8 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
         settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s, w.stall_timeout_s,
                                    w.level_timeout_s, w.floor_tok_s, engine_slots=_engine_slots(m.limits))
         runner = WorkloadRunner(server, adapter, v.model, settings, prepared.render(), m.records_path)
-        m.summary = summarize(runner.run(prepared.plan), adapter)
+        m.summary = summarize(runner.run(prepared.plan), adapter,
+                              SloTargets.of(OmegaConf.select(cfg, "workload.slo", default=None)))
         m.metrics = _measured_metrics(m.summary, baseline)
         _note_host_load(m, v.baseline.loaded_host_share)
         if baseline is not None:
@@ -93,6 +95,7 @@ def _measured_metrics(summary: Summary, baseline: Run | None) -> dict[str, float
     metrics = dict(summary.metrics)
     if baseline is not None:
         metrics.update(speedups(metrics, baseline.data.metrics))
+        metrics.update(slo_breaks(metrics, baseline.data.metrics))
     # per level, for the post-run prediction (experiments/analysis/predict.py), which reads them back
     metrics.update({f"spec_drafts_c{c}": float(a.drafts) for c, a in summary.acceptance_per_level.items()})
     return metrics

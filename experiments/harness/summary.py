@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -11,6 +12,41 @@ from experiments.harness.client import LevelResult
 from experiments.harness.hostload import combine
 
 PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """`workload.slo`: per-request latency targets in seconds, each None for no target. A request is good when
+    it finished and meets every set target (`vllm bench serve --goodput`); a level meets a target when the p99
+    of that latency over its requests is within it."""
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    e2e_p99_s: float | None = None
+
+    @classmethod
+    def of(cls, node: Mapping | None) -> SloTargets:
+        """From the config's `workload.slo` mapping (None or missing keys: no target)."""
+        node = node or {}
+        return cls(**{f.name: None if node.get(f.name) is None else float(node[f.name]) for f in fields(cls)})
+
+    @property
+    def targets(self) -> dict[str, float]:
+        """Latency name (ttft, tpot, e2e) -> target seconds, for the targets that are set."""
+        return {f.name.removesuffix("_p99_s"): getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+
+def request_latencies(r) -> dict[str, float | None]:
+    """A finished request's TTFT, TPOT and e2e in seconds; TPOT of a one-token answer is 0, as vLLM's goodput
+    takes it (vllm/benchmarks/serve.py calculate_metrics)."""
+    n = len(r.output_token_ids)
+    tpot = (r.e2e_s - r.ttft_s) / (n - 1) if r.ttft_s is not None and n > 1 else 0.0
+    return {"ttft": r.ttft_s, "tpot": tpot, "e2e": r.e2e_s}
+
+
+def meets(r, targets: dict[str, float]) -> bool:
+    lat = request_latencies(r)
+    return all(lat[name] is not None and lat[name] <= target for name, target in targets.items())
 
 
 @dataclass
@@ -49,7 +85,24 @@ def _pct(prefix: str, values_s: list[float]) -> dict[str, float]:
     return out
 
 
-def level_metrics(level: LevelResult) -> dict[str, float]:
+def slo_metrics(level: LevelResult, ok: list, m: dict[str, float], slo: SloTargets) -> dict[str, float]:
+    """With targets set: goodput (requests per second of the level's wall that met every target; a failed
+    request meets none), the share of the level's requests that did, and per target whether the level's p99
+    (`m`'s <name>_p99_ms) is within it (a p99 missing for want of requests meets it)."""
+    targets = slo.targets
+    if not targets:
+        return {}
+    good = sum(meets(r, targets) for r in ok)
+    out = {"goodput_req_s": good / level.wall_s if level.wall_s > 0 else 0.0,
+           "slo_share": good / len(level.records) if level.records else 0.0, "slo_good_requests": float(good)}
+    for name, target in targets.items():
+        p99 = m.get(f"{name}_p99_ms")
+        out[f"slo_{name}_met"] = float(p99 is None or p99 / 1000.0 <= target)
+    out["slo_met"] = float(all(out[f"slo_{name}_met"] for name in targets))
+    return out
+
+
+def level_metrics(level: LevelResult, slo: SloTargets | None = None) -> dict[str, float]:
     ok = [r for r in level.records if r.error is None and r.e2e_s is not None]
     out_tokens = sum(len(r.output_token_ids) for r in ok)
     m = {"requests": float(len(ok)), "errors": float(len(level.records) - len(ok)),
@@ -65,6 +118,7 @@ def level_metrics(level: LevelResult) -> dict[str, float]:
                            for r in ok if r.ttft_s is not None and len(r.output_token_ids) > 1]))
     m.update(_pct("e2e", [r.e2e_s for r in ok]))
     m["tokens_per_chunk"] = out_tokens / max(1, sum(len(r.chunk_tokens) for r in ok))
+    m.update(slo_metrics(level, ok, m, slo or SloTargets()))
     m.update(turn_metrics(level))
     if level.deadline_s is not None:
         m["level_deadline_s"] = level.deadline_s
@@ -112,11 +166,11 @@ def turn_metrics(level: LevelResult) -> dict[str, float]:
     return out
 
 
-def summarize(levels: list[LevelResult], adapter: EngineAdapter) -> Summary:
+def summarize(levels: list[LevelResult], adapter: EngineAdapter, slo: SloTargets | None = None) -> Summary:
     s = Summary()
     kinds: Counter[str] = Counter()
     for level in by_concurrency(levels):
-        s.per_level[level.concurrency] = level_metrics(level)
+        s.per_level[level.concurrency] = level_metrics(level, slo)
         s.errors += int(s.per_level[level.concurrency]["errors"])
         s.requests += len(level.records)
         kinds.update(r.error_kind or "unknown" for r in level.records if r.error is not None or r.e2e_s is None)

@@ -14,7 +14,7 @@ from experiments.tracking import plots
 from experiments.tracking.store import Metric, log_params
 from experiments.tracking.uploads import Uploads
 
-PER_LEVEL_CHARTED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms")
+PER_LEVEL_CHARTED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "goodput_req_s", "slo_share")
 LIMIT_PARAM = "limits.effective."   # params of the limits a server reported running with
 
 
