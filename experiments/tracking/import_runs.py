@@ -1,5 +1,5 @@
-"""`python -m experiments.tracking.import_runs <offline store folder or .tar.gz> [--tracking-uri URI]`: log runs
-recorded on a host without MLflow (experiments.tracking.offline_store) into the workspace's MLflow store.
+"""`python -m experiments.tracking.import_runs <offline store folder, .tar.gz or .tar.xz> [--tracking-uri URI]`:
+log runs recorded on a host without MLflow (experiments.tracking.offline_store) into the workspace's MLflow store.
 
 Runs keep their experiment name, status, times, params, tags, full metric history and artifacts; links
 between them (parent run, paired baseline, training run) are rewritten to the new run ids, and each gets
@@ -28,6 +28,8 @@ from experiments.tracking.store import log_prompt_dataset
 LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.training_run_id",
              "specws.evaluation_run_id", "specws.source_run_id")
 DEFAULT_URI = f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
+# a lease writes its store as <stem>.tar.gz; the journal keeps it re-packed as <stem>.tar.xz (same tar inside)
+ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz")
 
 
 def import_store(source: OfflineClient, client: MlflowClient, artifact_root: Path | None = None) -> dict[str, str]:
@@ -96,7 +98,7 @@ class SourceRefused(SystemExit):
 
 
 def offline_folder(source: Path, tmp: Path) -> Path:
-    """The one offline store inside `source`, a folder or a .tar.gz of one (unpacked into `tmp`), checked the
+    """The one offline store inside `source`, a folder or a .tar.gz / .tar.xz of one (unpacked into `tmp`), checked the
     same way for both: what tarfile's `data` filter refuses in an archive (links leading out of it, device
     files) is refused in a folder too, and every run.json must be a run."""
     if not source.exists():
@@ -120,6 +122,23 @@ def offline_folder(source: Path, tmp: Path) -> Path:
     for meta_path in roots[0].glob("*/run.json"):
         _check_run_json(meta_path, meta_path.relative_to(top) if source.is_file() else meta_path)
     return roots[0]
+
+
+def archive_stem(path: Path) -> str | None:
+    """`runs` of `runs.tar.xz` or `runs.tar.gz`; None for any other name."""
+    for suffix in ARCHIVE_SUFFIXES:
+        if path.name.endswith(suffix) and len(path.name) > len(suffix):
+            return path.name[: -len(suffix)]
+    return None
+
+
+def store_archive(folder: Path, stem: str = "runs") -> Path:
+    """A lease's store in `folder`: `<stem>.tar.xz`, else `<stem>.tar.gz`."""
+    for suffix in ARCHIVE_SUFFIXES:
+        path = folder / f"{stem}{suffix}"
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no {' or '.join(stem + s for s in ARCHIVE_SUFFIXES)} in {folder}")
 
 
 def _refuse_unsafe_entries(top: Path, source: Path) -> None:
@@ -148,7 +167,7 @@ def _check_run_json(path: Path, shown: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("source", type=Path, help="offline store folder, or a .tar.gz of one")
+    parser.add_argument("source", type=Path, help="offline store folder, or a .tar.gz / .tar.xz of one")
     parser.add_argument("--tracking-uri", default=DEFAULT_URI)
     parser.add_argument("--artifact-root", type=Path, default=ROOT / "mlruns" / "artifacts")
     args = parser.parse_args()

@@ -2,8 +2,12 @@
 the Kimi miniature's leases 2 and 3 on the H200 (SGLang 0.5.14, NGRAM and EAGLE-3 runs with random weights)."""
 from __future__ import annotations
 
+import gzip
+import lzma
+import shutil
 from pathlib import Path
 
+from experiments.analysis.speedup import validate
 from experiments.analysis.speedup.validate import BEGIN, END, leases, main, summary, validation_rows, write_generated
 from experiments.config.paths import ROOT
 
@@ -11,10 +15,22 @@ KIMI = ROOT / "docs" / "journal" / "2026-12-02-h200"
 
 
 def journal(tmp: Path) -> Path:
+    """Lease 2's store as the journal keeps it (.tar.xz), lease 3's as a lease writes it (the same tar, gzipped)."""
     for lease in ("kimi_lease2", "kimi_lease3"):
         (tmp / "j" / lease).mkdir(parents=True)
-        (tmp / "j" / lease / "runs.tar.gz").symlink_to(KIMI / lease / "runs.tar.gz")
+    (tmp / "j" / "kimi_lease2" / "runs.tar.xz").symlink_to(KIMI / "kimi_lease2" / "runs.tar.xz")
+    with lzma.open(KIMI / "kimi_lease3" / "runs.tar.xz") as src, gzip.open(tmp / "j" / "kimi_lease3" / "runs.tar.gz",
+                                                                            "wb", compresslevel=1) as dst:
+        shutil.copyfileobj(src, dst)
     return tmp / "j"
+
+
+def test_one_store_per_lease_and_stem_xz_first(tmp_path) -> None:
+    lease = tmp_path / "j" / "a"
+    lease.mkdir(parents=True)
+    for name in ("runs.tar.gz", "runs.tar.xz", "probe.tar.gz", "other.tar.xz", "runs.tar.gz.bak"):
+        (lease / name).write_bytes(b"")
+    assert [p.name for p in validate.store_archives(tmp_path / "j")] == ["probe.tar.gz", "runs.tar.xz"]
 
 
 def test_each_run_is_forecast_from_the_other_lease_only(tmp_path, monkeypatch) -> None:

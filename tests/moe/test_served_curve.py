@@ -1,5 +1,5 @@
 """experiments.moe.served_curve on real served results: the Kimi-K2.5-mini decode.json of the 2026-12-02 H200 run
-(degenerate decode routing) and the small MoE's decode.json / ngram.json of 2026-11-30 (moe.tar.gz)."""
+(degenerate decode routing) and the small MoE's decode.json / ngram.json of 2026-11-30 (moe.tar.xz)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from experiments.config.paths import ROOT
 from experiments.moe import served_curve as sc
 
 KIMI_DECODE = ROOT / "docs/journal/2026-12-02-h200/kimi_served/decode.json"
-TINY_TAR = ROOT / "docs/journal/2026-11-30-h200b/moe.tar.gz"
+TINY_TAR = ROOT / "docs/journal/2026-11-30-h200b/moe.tar.xz"
 
 
 def _points(passes: list[dict], mode: str) -> dict[int, float]:

@@ -1,5 +1,6 @@
-"""`import_runs` checks an offline store given as a folder exactly as one given as a .tar.gz: the same store found
-(nested or not), the same refusals (links out of it, special files, a run.json that is no run, two stores)."""
+"""`import_runs` checks an offline store given as a folder exactly as one given as a .tar.gz or .tar.xz: the same store
+found (nested or not), the same refusals (links out of it, special files, a run.json that is no run, two stores); a
+lease's store found by its stem, and a journal store imported as its README says."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import import_into
 
-from experiments.tracking.import_runs import SourceRefused, offline_folder
+from experiments.config.paths import ROOT
+from experiments.tracking.import_runs import SourceRefused, offline_folder, store_archive
 from experiments.tracking.offline_store import OfflineClient
 
 
@@ -25,16 +27,16 @@ def offline_store(root: Path) -> str:
 
 
 def as_given(folder: Path, form: str) -> Path:
-    """The folder itself, or a .tar.gz of it (links kept as links, as `tar czf` would)."""
+    """The folder itself, or a .tar.gz / .tar.xz of it (links kept as links, as `tar czf` would)."""
     if form == "folder":
         return folder
-    archive = folder.parent / f"{folder.name}.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
+    archive = folder.parent / f"{folder.name}.{form}"
+    with tarfile.open(archive, f"w:{form.removeprefix('tar.')}") as tar:
         tar.add(folder, arcname=folder.name)
     return archive
 
 
-FORMS = ["folder", "tarball"]
+FORMS = ["folder", "tar.gz", "tar.xz"]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -84,3 +86,22 @@ def test_a_nested_folder_given_directly_is_imported(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
     assert run.data.tags["specws.imported_from"] == run_id and run.data.metrics["output_tok_s"] == 12.5
+
+
+def test_a_leases_store_is_found_by_its_stem_xz_first(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no runs.tar.xz or runs.tar.gz in"):
+        store_archive(tmp_path)
+    (tmp_path / "runs.tar.gz").write_bytes(b"")
+    assert store_archive(tmp_path).name == "runs.tar.gz"
+    (tmp_path / "runs.tar.xz").write_bytes(b"")
+    assert store_archive(tmp_path).name == "runs.tar.xz"
+    with pytest.raises(FileNotFoundError, match="probe.tar.xz"):
+        store_archive(tmp_path, "probe")
+
+
+def test_a_journal_store_imports_as_its_readme_says(tmp_path: Path) -> None:
+    client, out = import_into(ROOT / "docs" / "journal" / "2026-12-03-cpu" / "runs.tar.xz", tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "6 runs in" in out.stdout
+    (exp,) = [e for e in client.search_experiments() if e.name == "smollm2_135m@local"]
+    assert len(client.search_runs([exp.experiment_id])) == 6

@@ -14,7 +14,7 @@ from experiments.analysis.speedup.model import accept_length_for_rate
 
 LEASE3 = "docs/journal/2026-12-02-h200/kimi_lease3/model_error_table.md"
 KERNELS = "docs/journal/2026-12-02-h200/kimi_kernels.json"
-REASONING = "docs/journal/2026-12-01-h200/runs.tar.gz"
+REASONING = "docs/journal/2026-12-01-h200/runs.tar.xz"
 
 # measured on the box (mission.md): single stream, decode-time shares, the throughput plateau
 SINGLE_STREAM_TOK_S = 82.5

@@ -2,13 +2,14 @@
 
     python -m experiments.analysis.speedup.validate [--journal docs/journal] [--write FILE] [--json FILE]
 
-Each lease's store (`runs.tar.gz` under docs/journal/, one per lease; a lease's `probe.tar.gz` feeds step costs only)
-is opened as an offline store. For every finished option run whose contamination check is clean and whose paired
-baseline is in the same lease, the forecast (experiments/analysis/speedup/forecast.py) is made from what existed
-before it ran: the baseline's records, the acceptance offline on the baseline's outputs, and a step-cost profile
-fitted on the same engine, model and site in the *other* leases only. It is compared with the paired speedup the run
-measured (with its 95 % interval). Prints one row per run and level, then the mean |error| and the verdict agreement
-over the levels the measurement decides (interval clear of 1).
+Each lease's store (`runs.tar.xz` under docs/journal/, one per lease, or `runs.tar.gz` as a lease writes it; a
+lease's `probe.tar.xz` feeds step costs only) is opened as an offline store. For every finished option run whose
+contamination check is clean and whose paired baseline is in the same lease, the forecast
+(experiments/analysis/speedup/forecast.py) is made from what existed before it ran: the baseline's records, the
+acceptance offline on the baseline's outputs, and a step-cost profile fitted on the same engine, model and site in
+the *other* leases only. It is compared with the paired speedup the run measured (with its 95 % interval). Prints one
+row per run and level, then the mean |error| and the verdict agreement over the levels the measurement decides
+(interval clear of 1).
 """
 from __future__ import annotations
 
@@ -29,11 +30,13 @@ from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailabl
 from experiments.analysis.speedup.stepcost import fit_profile, key_of, level_steps, save_profile
 from experiments.analysis.stats import UNCLEAR, paired_speedup, prompt_totals, verdict
 from experiments.config.paths import ROOT, cache_dir
+from experiments.tracking.import_runs import archive_stem, store_archive
 from experiments.tracking.offline_store import OfflineClient
 from experiments.tracking.records import run_records
 
 MEASURED = "tags.`specws.mode` = 'measure' and attributes.status = 'FINISHED'"
 COMMITTED_HEADS = ROOT / "experiments" / "eagle3" / "artifacts"
+STORE_STEMS = ("runs", "probe")
 
 
 @dataclass
@@ -58,17 +61,21 @@ def open_store(tarball: Path, name: str) -> OfflineClient:
     return OfflineClient(roots[0])
 
 
+def store_archives(journal: Path) -> list[Path]:
+    """Every lease's `runs` and `probe` store under `journal`, one per folder and stem (.tar.xz before .tar.gz)."""
+    found = {(p.parent, archive_stem(p)) for p in journal.rglob("*.tar.*") if archive_stem(p) in STORE_STEMS}
+    return sorted(store_archive(folder, stem) for folder, stem in found)
+
+
 def leases(journal: Path) -> list[Lease]:
     out = []
-    for tarball in sorted(journal.rglob("*.tar.gz")):
-        if tarball.name not in ("runs.tar.gz", "probe.tar.gz"):
-            continue
-        folder = tarball.parent
-        name = str(folder.relative_to(journal)).replace("/", "_") + ("-probe" if tarball.name == "probe.tar.gz" else "")
+    for tarball in store_archives(journal):
+        folder, probe = tarball.parent, archive_stem(tarball) == "probe"
+        name = str(folder.relative_to(journal)).replace("/", "_") + ("-probe" if probe else "")
         client = open_store(tarball, name)
         runs = [client.get_run(i) for i in client.run_ids()]
         measured = [r for r in runs if r.data.tags.get("specws.mode") == "measure" and r.info.status == "FINISHED"]
-        out.append(Lease(name, folder, client, measured, tarball.name == "probe.tar.gz"))
+        out.append(Lease(name, folder, client, measured, probe))
     return out
 
 
