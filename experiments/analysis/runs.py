@@ -13,6 +13,7 @@ from experiments.config.views import SpecView
 from experiments.engines.speculation import NgramWindow, Speculation, speculation_of
 
 NGRAM_KEYS = ("min_match", "max_match", "min_bfs_breadth", "max_bfs_breadth", "max_trie_depth")
+SLO_LATENCIES = ("ttft", "tpot", "e2e")     # workload.slo.<name>_p99_s
 
 
 def _int(value: str | None) -> int | None:
@@ -37,6 +38,25 @@ def _text(value: str | None) -> str | None:
     return None if value in (None, "None") else value
 
 
+def _float(value: str | None) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except ValueError:   # "None"
+        return None
+
+
+def _slo(params: dict[str, str]) -> tuple[tuple[str, float], ...]:
+    found = ((name, _float(params.get(f"workload.slo.{name}_p99_s"))) for name in SLO_LATENCIES)
+    return tuple((name, value) for name, value in found if value is not None)
+
+
+def prompt_set_label(value: str | None) -> str | None:
+    """A prompt set as a reader knows it: a built-in name (or names) as given, a file of one's own by its name."""
+    if value is None:
+        return None
+    return ",".join(part.rsplit("/", 1)[-1] for part in value.split(","))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What a measured run ran: engine, speculation, model length, engine arguments, load and limits."""
@@ -49,6 +69,18 @@ class RunConfig:
     concurrency: tuple[int, ...] = ()
     max_running_requests: int | None = None
     baseline_run_id: str | None = None
+    prompt_set: str | None = None        # the workload's prompt set (a file by its name)
+    arrival: str = "closed"              # closed loop, or the open-loop process (poisson, gamma) at `rate` req/s
+    rate: float | None = None
+    slo: tuple[tuple[str, float], ...] = ()   # (latency, target seconds) for the workload's targets that are set
+
+    @property
+    def closed(self) -> bool:
+        return self.arrival == "closed"
+
+    @property
+    def slo_targets(self) -> dict[str, float]:
+        return dict(self.slo)
 
     @classmethod
     def from_params(cls, params: dict[str, str], tags: dict[str, str] | None = None) -> RunConfig:
@@ -63,7 +95,10 @@ class RunConfig:
         return cls(engine, spec, tags.get("specws.option"), tags.get("specws.workload"),
                    _int(params.get("model.max_model_len")), tuple(str(a) for a in args),
                    tuple(c for c in map(_int, map(str, _list(params.get("workload.concurrency")))) if c),
-                   _int(params.get("limits.max_running_requests")), tags.get("specws.baseline_run_id"))
+                   _int(params.get("limits.max_running_requests")), tags.get("specws.baseline_run_id"),
+                   prompt_set_label(_text(params.get("workload.prompt_set"))),
+                   _text(params.get("workload.arrival")) or "closed", _float(params.get("workload.rate")),
+                   _slo(params))
 
     @property
     def speculation(self) -> Speculation:

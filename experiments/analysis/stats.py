@@ -66,6 +66,32 @@ def paired_speedup(option: dict[str, tuple[float, float]], baseline: dict[str, t
     return Interval(estimate, lo, hi, len(keys), f"paired bootstrap over {len(keys)} prompts")
 
 
+def _padded(groups: list[list[float]]) -> np.ndarray:
+    """(prompts, most values of one prompt), NaN where a prompt has fewer: rows resample as clusters."""
+    out = np.full((len(groups), max(len(g) for g in groups)), np.nan)
+    for i, g in enumerate(groups):
+        out[i, : len(g)] = g
+    return out
+
+
+def paired_percentile_ratio(option: dict[str, list[float]], baseline: dict[str, list[float]], q: float = 99.0,
+                            n_boot: int = 4000, seed: int = 0, level: float = 0.95) -> Interval:
+    """The q-th percentile of the option's values over the baseline's (e.g. TTFT p99), over the prompts both
+    served (a prompt's values, its turns or repeated sends, travel together), with a percentile interval from
+    resampling those prompts (the same draw for both arms)."""
+    keys = sorted(k for k in option.keys() & baseline.keys() if option[k] and baseline[k])
+    if not keys:
+        return Interval(math.nan, math.nan, math.nan, 0, "none (no common prompts)")
+    o, b = _padded([option[k] for k in keys]), _padded([baseline[k] for k in keys])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        estimate = float(np.nanpercentile(o, q) / np.nanpercentile(b, q))
+        idx = _boot_index(len(keys), n_boot, seed)
+        boots = (np.nanpercentile(o[idx].reshape(n_boot, -1), q, axis=1)
+                 / np.nanpercentile(b[idx].reshape(n_boot, -1), q, axis=1))
+    lo, hi = _percentiles(boots, level)
+    return Interval(estimate, lo, hi, len(keys), f"paired bootstrap over {len(keys)} prompts")
+
+
 def ratio_interval(numerator: Iterable[float], denominator: Iterable[float], n_boot: int = 4000, seed: int = 0,
                    level: float = 0.95) -> Interval:
     """Σnum / Σden with a bootstrap over the items: e.g. accept length weighted by steps (emitted / steps)."""
