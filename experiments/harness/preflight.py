@@ -18,6 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from experiments.config.closed import refuse_unknown_keys
 from experiments.config.errors import Refused  # noqa: F401  (re-exported for the callers)
 from experiments.engines import adapter_for
 from experiments.engines.config import available_on_site, engine_name, forced_patches, sglang_patches_for, site_args
@@ -40,6 +41,7 @@ JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a numb
 
 
 def check_option(cfg: DictConfig) -> None:
+    refuse_unknown_keys(cfg)   # first: a misspelt key explains whatever else looks wrong
     if cfg.option is None:
         raise Refused("choose an experiment with +option=X, X one of baseline, A, B, C, D, E "
                       "(conf/option/)")
