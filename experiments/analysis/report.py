@@ -193,7 +193,7 @@ class Records:
         return self.cache[run_id]
 
 
-def _acceptor(run):
+def run_acceptor(run):
     """The run's engine's per-request acceptance; an engine the workspace does not know reports none."""
     try:
         return acceptor(run_config(run).engine)
@@ -205,10 +205,10 @@ def contamination_of(run, records: list[dict]) -> str:
     """The run's logged check (specws.contamination), else the check computed now from its records."""
     if tag := run.data.tags.get("specws.contamination"):
         return tag
-    return check_contamination(records, accept_length_of(_acceptor(run))).as_tag()
+    return check_contamination(records, accept_length_of(run_acceptor(run))).as_tag()
 
 
-def _pooled(runs: list, records: Records) -> tuple[list[dict], list[dict]]:
+def pooled_records(runs: list, records: Records) -> tuple[list[dict], list[dict]]:
     """Every run's records and its baseline's, prompt ids prefixed by the pair, so that pairs pool as prompts."""
     opt, base = [], []
     for i, run in enumerate(runs):
@@ -244,10 +244,10 @@ def _logged(runs: list, by_id: dict, c: int) -> list[float]:
 
 def _series(label: str, workload: str, runs: list, by_id: dict, records: Records, predictions: dict) -> OptionSeries:
     s = OptionSeries(label, workload)
-    acc = _acceptor(runs[0])
-    rows = category_rows(*_pooled(runs, records), acc)
+    acc = run_acceptor(runs[0])
+    rows = category_rows(*pooled_records(runs, records), acc)
     s.categories = rows
-    single = [category_rows(*_pooled([run], records), acc) for run in runs] if len(runs) >= 3 else []
+    single = [category_rows(*pooled_records([run], records), acc) for run in runs] if len(runs) >= 3 else []
     for run in runs:
         s.contamination[f"{run.info.run_name} ({run.info.run_id[:8]})"] = contamination_of(
             run, records(run.info.run_id))
