@@ -16,6 +16,7 @@ from experiments.tracking.lifecycle import TrackedRun, apply_pending_ends, fail_
 from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
 from experiments.tracking.redact import register_secrets, secrets_of_config, secrets_of_environ
 from experiments.tracking.redacting import RedactingClient
+from experiments.tracking.spool import SpoolingClient, apply_spooled, is_remote
 from experiments.tracking.store import flatten, mlflow, run_tags, sqlite_file
 
 
@@ -52,7 +53,8 @@ def _store_lock(uri: str):
 def setup(cfg: DictConfig) -> tuple[Any, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder.
     An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store).
-    The client redacts what it writes: the secrets of the config and of this process's environment included."""
+    The client redacts what it writes: the secrets of the config and of this process's environment included; on a
+    tracking server (http(s)) it spools a run's writes to disk once the server is unreachable (tracking.spool)."""
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])   # a sweep callback's has it, unresolvable
     register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)) | secrets_of_environ(os.environ))
     if str(cfg.tracking.uri).startswith(URI_PREFIX):
@@ -65,28 +67,35 @@ def setup(cfg: DictConfig) -> tuple[Any, str]:
     mlflow.set_tracking_uri(cfg.tracking.uri)
     from mlflow.tracking import MlflowClient
 
-    with _store_lock(cfg.tracking.uri):
-        client = RedactingClient(MlflowClient())
+    uri = str(cfg.tracking.uri)
+    with _store_lock(uri):
+        plain_client = MlflowClient()
+        client = RedactingClient(SpoolingClient(plain_client, uri) if is_remote(uri) else plain_client)
         exp_id = _experiment_id(client, cfg)
-    _fail_stale_once(client, str(cfg.tracking.uri), exp_id)
+    _fail_stale_once(client, uri, exp_id, plain_client)
     return client, exp_id
 
 
 _checked_for_stale: set[tuple[str, str]] = set()
 
 
-def _fail_stale_once(client, uri: str, experiment_id: str) -> None:
-    """At a runner's first contact with an experiment: the ends a failing store could not take are recorded,
-    then runs left RUNNING by a runner that is gone become FAILED."""
+def _fail_stale_once(client, uri: str, experiment_id: str, plain_client=None) -> None:
+    """At a runner's first contact with an experiment: the ends a failing store could not take, and the writes a
+    tracking server could not take (through the unwrapped `plain_client`), are recorded, then runs left RUNNING
+    by a runner that is gone become FAILED."""
     if (uri, experiment_id) in _checked_for_stale:
         return
     _checked_for_stale.add((uri, experiment_id))
     if not uri.startswith(URI_PREFIX):
         apply_pending_ends(client)   # first: a run with a kept end is not a stale one
+    if is_remote(uri):
+        apply_spooled(plain_client, uri)
     fail_stale_runs(client, experiment_id)
 
 
 def _experiment_id(client, cfg: DictConfig) -> str:
+    """The experiment's id, created if missing: on a shared server another runner may create it between the lookup
+    and the creation (RESOURCE_ALREADY_EXISTS), and then its id is the one."""
     name = cfg.tracking.experiment
     exp = client.get_experiment_by_name(name)
     if exp is not None:
@@ -96,6 +105,14 @@ def _experiment_id(client, cfg: DictConfig) -> str:
         root = Path(cfg.tracking.artifact_root)
         root.mkdir(parents=True, exist_ok=True)
         location = (root / name.replace("/", "_")).as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as exc:
+        exp = client.get_experiment_by_name(name)
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS" or exp is None:
+            raise
+        return exp.experiment_id
 
 
