@@ -2,6 +2,7 @@
 these dataclasses, never the config as flattened strings. OmegaConf checks the types; `__post_init__` the ranges."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -49,6 +50,10 @@ class WorkloadView:
     num_prompts: int | None = None
     max_turns: int | None = None
     reuse_prompts: bool = False
+    arrival: str = "closed"            # closed | poisson | gamma (open loop: released at drawn arrival times)
+    rate: float | None = None          # open loop: requests (conversations) per second
+    burstiness: float = 1.0            # gamma's shape, as vllm bench serve --burstiness (1: Poisson)
+    arrival_seed: int | None = None    # null: seed
 
     def __post_init__(self) -> None:
         _positive("workload", max_tokens=self.max_tokens, repetitions=self.repetitions,
@@ -63,6 +68,49 @@ class WorkloadView:
             raise ConfigError(f"workload.temperature must be >= 0, got {self.temperature}")
         if self.warmup_requests < 0:
             raise ConfigError(f"workload.warmup_requests must be >= 0, got {self.warmup_requests}")
+        _check_arrival(self)
+
+    @property
+    def open_loop(self) -> bool:
+        return self.arrival != "closed"
+
+    @property
+    def arrival_seed_used(self) -> int:
+        return self.seed if self.arrival_seed is None else self.arrival_seed
+
+
+ARRIVALS = ("closed", "poisson", "gamma")
+SEED_RANGE = 2 ** 32      # numpy's legacy seeding (vllm bench serve --seed) takes 0 .. 2**32 - 1
+
+
+def _check_arrival(w: WorkloadView) -> None:
+    """Open loop needs a finite rate and one concurrency cap; closed loop takes no arrival settings."""
+    if w.arrival not in ARRIVALS:
+        raise ConfigError(f"workload.arrival must be closed, poisson or gamma, got {w.arrival!r}")
+    if not 0 <= w.arrival_seed_used < SEED_RANGE:
+        key = "workload.seed" if w.arrival_seed is None else "workload.arrival_seed"
+        raise ConfigError(f"{key} must be within [0, 2**32) to seed the arrivals, got {w.arrival_seed_used}")
+    if not w.burstiness > 0:
+        raise ConfigError(f"workload.burstiness must be > 0 (gamma's shape), got {w.burstiness}")
+    if not w.open_loop:
+        pairs = (("rate", w.rate), ("arrival_seed", w.arrival_seed))
+        given = [f"workload.{k}={v:g}" for k, v in pairs if v is not None]
+        given += [f"workload.burstiness={w.burstiness:g}"] if w.burstiness != 1.0 else []
+        if given:
+            raise ConfigError(f"open-loop settings given ({', '.join(given)}) while workload.arrival is closed (each "
+                              "level keeps `concurrency` requests in flight): set workload.arrival=poisson or gamma, "
+                              "or leave them out")
+        return
+    if w.rate is None or not 0 < w.rate < math.inf:
+        raise ConfigError(f"workload.arrival={w.arrival} needs workload.rate, a finite number of requests/s > 0, got "
+                          f"{w.rate}; an unlimited rate is the closed loop (workload.arrival=closed)")
+    if w.arrival == "poisson" and w.burstiness != 1.0:
+        raise ConfigError(f"workload.arrival=poisson has burstiness 1, got workload.burstiness={w.burstiness}: use "
+                          "workload.arrival=gamma for another shape")
+    if len(w.concurrency) != 1:
+        raise ConfigError(f"workload.arrival={w.arrival} takes one concurrency cap (at most that many requests in "
+                          f"flight, as vllm bench serve --max-concurrency), got workload.concurrency={w.concurrency}: "
+                          "set workload.concurrency=N, and sweep rates with -m workload.rate=1,2,4")
 
 
 @dataclass(frozen=True)

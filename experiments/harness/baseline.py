@@ -58,11 +58,24 @@ def served_pair_key(cfg: DictConfig, served: Served, prompts_digest: str) -> str
 
 # how long the client waits: not what is measured, so a baseline stays reusable when they change
 NOT_MEASURED = ("request_timeout_s", "stall_timeout_s", "level_timeout_s", "floor_tok_s", "max_error_share")
+ARRIVAL_KEYS = ("arrival", "rate", "burstiness", "arrival_seed")
 
 
 def _workload_ident(cfg: DictConfig, prompts_digest: str) -> dict:
-    workload = {k: v for k, v in OmegaConf.to_container(cfg.workload, resolve=True).items() if k not in NOT_MEASURED}
-    return {"workload": workload, "prompts_sha": prompts_digest}
+    workload = {k: v for k, v in OmegaConf.to_container(cfg.workload, resolve=True).items()
+                if k not in NOT_MEASURED + ARRIVAL_KEYS}
+    return {"workload": workload, "arrivals": arrival_ident(cfg.workload), "prompts_sha": prompts_digest}
+
+
+def arrival_ident(workload: DictConfig) -> dict:
+    """The load as the client sends it: closed loop, or the arrival process an open-loop run draws its schedule
+    from (poisson is gamma of shape 1; a null arrival_seed is the workload's seed), so that an open-loop run pairs
+    only with a baseline released on the same schedules."""
+    if workload.get("arrival", "closed") == "closed":
+        return {"kind": "closed"}
+    seed = workload.get("arrival_seed")
+    return {"kind": "gamma", "rate": float(workload.rate), "shape": float(workload.get("burstiness", 1.0)),
+            "seed": int(workload.seed if seed is None else seed)}
 
 
 def _digest(ident: dict) -> str:
