@@ -1,4 +1,8 @@
-"""Workload client: streams requests at each concurrency level, one JSONL record per finished request."""
+"""Workload client: streams requests at each concurrency level, one JSONL record per finished request. Closed loop:
+each level keeps its concurrency in flight. Open loop (experiments/harness/arrivals.py): each conversation is
+released at its drawn arrival time, with at most the level's concurrency in flight (as vllm bench serve
+--max-concurrency); its TTFT and e2e count from the scheduled arrival, so a request held back by the cap (or by a
+late event loop) counts its wait."""
 from __future__ import annotations
 
 import asyncio
@@ -25,6 +29,7 @@ except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
     parse_json, dump_json = json.loads, json.dumps
 
 from experiments.engines.base import EngineAdapter, StreamError
+from experiments.harness.arrivals import CLOSED, Arrivals, arrive
 from experiments.harness.deadlines import (
     SKIPPED_AFTER_STALL,
     LevelDeadline,
@@ -51,10 +56,12 @@ class RequestRecord:
     seed: int | None = None              # sampling seed (temperature > 0)
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    start_s: float = 0.0                 # since the level started
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    chunk_times_s: list[float] = field(default_factory=list)   # arrival of each streamed chunk
+    start_s: float = 0.0                 # when it was sent, since the level started
+    scheduled_s: float | None = None     # open loop, first turns: its scheduled arrival, since the level started
+    queue_s: float | None = None         # open loop, first turns: sent this long after its scheduled arrival
+    ttft_s: float | None = None          # from the send, or (open loop, first turns) from the scheduled arrival
+    e2e_s: float | None = None           # likewise, to the end of the stream
+    chunk_times_s: list[float] = field(default_factory=list)   # arrival of each streamed chunk, from the same origin
     chunk_tokens: list[int] = field(default_factory=list)      # tokens carried by each chunk
     meta: dict | None = None
     error: str | None = None
@@ -128,17 +135,19 @@ class LevelResult:
     metrics_after: dict | None
     deadline_s: float | None = None      # the slice's deadline (workload.level_timeout_s, derived when `auto`)
     host: HostLoad | None = None         # the host's load by other processes over the slice
+    arrival: dict | None = None          # open loop: the arrival process (kind, rate, burstiness, seed)
 
 
 class WorkloadRunner:
     """Runs a visit plan against one server: unrecorded warm-ups, then each (level, repetition) slice at its
     concurrency. A conversation holds its slot for all its turns; each later turn is rendered with the model's
-    own answers so far and sent after the previous one finished."""
+    own answers so far and sent after the previous one finished. In open loop (`arrivals`) a conversation waits
+    for its arrival time, then for a slot."""
 
     def __init__(self, server: Server, adapter: EngineAdapter, model: str, settings: RequestSettings,
-                 render: Render, records_path: Path):
+                 render: Render, records_path: Path, arrivals: Arrivals = CLOSED):
         self.server, self.adapter, self.model, self.settings = server, adapter, model, settings
-        self.render, self.records_path = render, records_path
+        self.render, self.records_path, self.arrivals = render, records_path, arrivals
         self.warmup = WarmupStats()
 
     def run(self, plan: VisitPlan) -> list[LevelResult]:
@@ -212,19 +221,29 @@ class WorkloadRunner:
         records: list[RequestRecord] = []
         started = itertools.count()
         hung: list[RequestRecord] = []   # the request that took the server as hung: the rest are not sent
+        schedule = self.arrivals.schedule(len(convs), rep)
         deadline = self.settings.level_deadline_s([c.num_turns for c in convs], level)
+        if schedule and deadline is not None:
+            deadline += schedule[-1]   # a slice cannot end before its last arrival
         log.info("concurrency %d repetition %d: level deadline %s", level, rep,
                  "none" if deadline is None else f"{deadline:.0f} s")
+        stop = asyncio.Event()   # the server is taken as hung: requests still to arrive are not waited for
         sampler = HostSampler.start(served_by=self.server.local_processes())
         t0 = time.perf_counter()
 
-        async def conversation(conv: Conversation) -> None:
+        async def conversation(conv: Conversation, at: float | None) -> None:
+            if at is not None:
+                await arrive(t0 + at, stop)
             async with sem:
                 answers: list[str] = []
                 for turn in range(conv.num_turns):
                     rec = self._record(conv, level, rep, turn, answers, sent=not hung)
                     rec.order = next(started)
+                    if at is not None and turn == 0:
+                        rec.scheduled_s = at
                     await self._send_unless_hung(client, rec, t0, hung)
+                    if hung:
+                        stop.set()
                     records.append(rec)
                     with self.records_path.open("a") as f:  # vars(): asdict() deep-copies every list, in the loop
                         f.write(dump_json(vars(rec)) + "\n")
@@ -234,14 +253,16 @@ class WorkloadRunner:
                         return
                     answers.append(rec.text)
 
-        work = asyncio.gather(*(conversation(c) for c in convs))
+        work = asyncio.gather(*(conversation(c, None if schedule is None else schedule[i])
+                                for i, c in enumerate(convs)))
         await self._await_level(work, level, rep, records, total, deadline)
         wall = time.perf_counter() - t0
         host = sampler.stop()
         if any(r.error_kind in SERVER_FAULT_KINDS for r in records):  # the first sign of a dying server?
             self.server.check_alive(wait_s=2.0)
         after = await self._scrape(client)
-        return LevelResult(level, wall, records, before, after, deadline, host)
+        arrival = self.arrivals.describe() if schedule is not None else None
+        return LevelResult(level, wall, records, before, after, deadline, host, arrival)
 
     async def _await_level(self, work: asyncio.Future, level: int, rep: int, records: list[RequestRecord],
                            total: int, limit: float | None) -> None:
@@ -282,6 +303,10 @@ class WorkloadRunner:
                                                  seed=rec.seed)
         start = time.perf_counter()
         rec.start_s = start - t0
+        origin = start   # of TTFT, e2e and the chunk times: the send, or the scheduled arrival in open loop
+        if rec.scheduled_s is not None:
+            origin = t0 + rec.scheduled_s
+            rec.queue_s = start - origin
         loop = asyncio.get_running_loop()
         deadline = loop.time() + st.timeout_s
         clock = _Clock(loop, asyncio.timeout_at(min(deadline, loop.time() + st.stall_timeout_s)), deadline,
@@ -289,8 +314,8 @@ class WorkloadRunner:
         timer = clock.timer
         try:
             async with timer:
-                await self._stream(client, path, body, rec, start, clock)
-            rec.e2e_s = time.perf_counter() - start
+                await self._stream(client, path, body, rec, origin, clock)
+            rec.e2e_s = time.perf_counter() - origin
             return False
         except StreamError as exc:
             rec.error_kind, rec.error = exc.kind, str(exc)
@@ -314,17 +339,17 @@ class WorkloadRunner:
             await asyncio.to_thread(self.server.check_alive, 2.0)
         return takes_server_as_hung(rec, clock.events)
 
-    async def _stream(self, client: aiohttp.ClientSession, path: str, body: dict, rec: RequestRecord, start: float,
+    async def _stream(self, client: aiohttp.ClientSession, path: str, body: dict, rec: RequestRecord, origin: float,
                       clock: _Clock) -> None:
-        """Reads one streamed reply into `rec`; each event moves `clock` on by the stall timeout, never past the
-        request's deadline. Raises StreamError for a reply the request fails on."""
+        """Reads one streamed reply into `rec`, its times from `origin`; each event moves `clock` on by the stall
+        timeout, never past the request's deadline. Raises StreamError for a reply the request fails on."""
         parse_raw, parse_event = self.adapter.parse_raw, self.adapter.parse_event
         finished = False
         async with client.post(path, json=body) as resp:
             if resp.status != 200:
                 raise StreamError(f"http_{resp.status}", f"HTTP {resp.status}: {(await resp.text())[:300]}")
             async for raw in resp.content:   # one SSE line at a time
-                now = time.perf_counter() - start   # arrival, before any parsing
+                now = time.perf_counter() - origin   # arrival, before any parsing
                 complete = raw.endswith(b"\n")
                 if not raw.startswith(b"data:"):   # SSE: the field name starts the line
                     raw = raw.strip()

@@ -15,6 +15,7 @@ from experiments.config.views import RunView
 from experiments.engines import adapter_for, limits_mismatch
 from experiments.engines.base import Validation
 from experiments.engines.served import Served
+from experiments.harness.arrivals import Arrivals
 from experiments.harness.attached import AttachedServer, check_first_visits
 from experiments.harness.baseline import (
     HOST_LOADED_TAG,
@@ -57,7 +58,8 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
         w = prepared.workload
         settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s, w.stall_timeout_s,
                                    w.level_timeout_s, w.floor_tok_s, engine_slots=_engine_slots(m.limits))
-        runner = WorkloadRunner(server, adapter, v.model, settings, prepared.render(), m.records_path)
+        runner = WorkloadRunner(server, adapter, v.model, settings, prepared.render(), m.records_path,
+                                Arrivals.of(w))
         m.summary = summarize(runner.run(prepared.plan), adapter,
                               SloTargets.of(OmegaConf.select(cfg, "workload.slo", default=None)))
         m.metrics = _measured_metrics(m.summary, baseline)
