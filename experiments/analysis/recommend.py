@@ -22,8 +22,8 @@ from typing import Any
 
 from experiments.analysis.categories import ALL, category_rows
 from experiments.analysis.recommend_flags import ADAPTIVE_FILE, choice_flags, schedule
-from experiments.analysis.recommend_rows import Candidate, Decision, Load, Range, collapse, decide
-from experiments.analysis.report import (
+from experiments.analysis.recommend_rows import Candidate, Decision, Load, Range, choice_label, collapse, decide
+from experiments.analysis.report_runs import (
     CONTAMINATED,
     Records,
     ReportInputError,
@@ -33,7 +33,7 @@ from experiments.analysis.report import (
     run_acceptor,
     select_runs,
 )
-from experiments.analysis.runs import RunConfig, run_config
+from experiments.analysis.runs import run_config
 from experiments.analysis.slo import slo_levels
 from experiments.analysis.stats import Interval, prompt_totals
 
@@ -70,13 +70,6 @@ class Recommendation:
                 "loads": [d.as_dict() for d in self.decisions],
                 "flags": {label: choice_flags(None if c is None else c.spec) for label, c in self.choices().items()},
                 "schedule": self.closed_schedule(), "excluded": self.excluded}
-
-
-def choice_label(config: RunConfig) -> str:
-    spec = config.spec
-    detail = {"ngram": f"k={spec.num_draft_tokens}",
-              "eagle3": f"steps={spec.num_steps}" + (f" topk={spec.topk}" if (spec.topk or 1) != 1 else "")}
-    return f"{config.option} {detail.get(spec.method, spec.method)}"
 
 
 def _candidates(runs: list, records: Records, label: str, config: str) -> list[tuple[Load, Candidate]]:
@@ -117,9 +110,9 @@ def _names(groups: dict[tuple, list]) -> dict[str, str]:
     return {label: name if count[name] == 1 else label for label, name in short.items()}
 
 
-def build(client: Any, options: list, all_runs: list) -> list[Recommendation]:
+def build(client: Any, options: list, all_runs: list, records: Records | None = None) -> list[Recommendation]:
     """A recommendation per workload over the option runs `options` (their baselines among `all_runs`)."""
-    records = Records(client)
+    records = records or Records(client)
     by_workload: dict[tuple, dict[Load, list[Candidate]]] = defaultdict(lambda: defaultdict(list))
     meta: dict[tuple, dict] = defaultdict(lambda: {"slo": {}, "excluded": {}})
     groups = _grouped(options, {r.info.run_id: r for r in all_runs})
@@ -175,14 +168,14 @@ def write(recs: list[Recommendation], out: Path, stem: str, title: str) -> tuple
 def main(argv: list[str] | None = None) -> int:
     from mlflow.tracking import MlflowClient
 
-    from experiments.analysis.report import _iso, _since_ms
+    from experiments.analysis.report_runs import iso, since_ms
     from experiments.config.paths import ROOT
     from experiments.tracking.lifecycle import tracked_run
     ap = argparse.ArgumentParser(prog="python -m experiments.analysis.recommend", description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, help="experiment name or parent (sweep) run id")
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")
-    ap.add_argument("--since", type=_since_ms, default=None, metavar="ISO-TIME", help="only runs started since then")
+    ap.add_argument("--since", type=since_ms, default=None, metavar="ISO-TIME", help="only runs started since then")
     args = ap.parse_args(argv)
     client = MlflowClient(args.tracking_uri)
     try:
@@ -192,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     recs = build(client, options, all_runs)
     stem = args.experiment.replace("/", "_").replace("@", "_")
-    title = f"Recommendation: {args.experiment}" + ("" if args.since is None else f", runs since {_iso(args.since)}")
+    title = f"Recommendation: {args.experiment}" + ("" if args.since is None else f", runs since {iso(args.since)}")
     json_path, md_path = write(recs, args.out, stem, title)
     run_id, new_name = _log_to(client, exp_id, parent, stem)
     if run_id is not None:

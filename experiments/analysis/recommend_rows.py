@@ -13,10 +13,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from experiments.analysis.runs import RunConfig
 from experiments.analysis.stats import Interval, paired_speedup, prompts_to_decide
 
 NO_SPECULATION = "no speculation"
 DECIDED, INCONCLUSIVE = "decided", "inconclusive"
+
+
+def choice_label(config: RunConfig) -> str:
+    """A configuration as it is deployed: its option and draft setting ("A k=4", "B steps=3")."""
+    spec = config.spec
+    detail = {"ngram": f"k={spec.num_draft_tokens}",
+              "eagle3": f"steps={spec.num_steps}" + (f" topk={spec.topk}" if (spec.topk or 1) != 1 else "")}
+    return f"{config.option} {detail.get(spec.method, spec.method)}"
 
 
 @dataclass(frozen=True, order=True)

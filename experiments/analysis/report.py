@@ -14,39 +14,53 @@ machine noise is not hidden (with 2 runs a t-interval on 1 degree of freedom say
 timing noise, not prompts (and, on engines that remember, measured the memory); the workload now draws
 disjoint prompts per repetition, which the prompt bootstrap covers. Runs without records keep the t-interval
 over runs' logged speedups. A configuration with a run flagged by the contamination check
-(experiments.analysis.contamination) is marked "contaminated — not a verdict". Writes one self-contained HTML
-and the PNG, logs both to the parent run (or to a new `report` run for an experiment), prints the path.
+(experiments.analysis.contamination) is marked "contaminated — not a verdict". A level whose option misses a
+latency target (`workload.slo`) that its baseline meets is `breaks_slo` whatever its throughput
+(experiments.analysis.slo). The page carries the recommendation per load (experiments.analysis.recommend) and
+aggregate tok/s against per-user speed with its frontier (experiments.analysis.pareto). Writes one self-contained
+HTML, its PNGs, the recommendation (JSON, Markdown) and the frontier's points, logs them to the parent run (or to
+a new `report` run for an experiment), prints the path.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from experiments.analysis.categories import ALL, accept_length_of, acceptor, category_rows
-from experiments.analysis.contamination import check_contamination
+from experiments.analysis.categories import ALL, category_rows
 from experiments.analysis.report_figure import figure
 from experiments.analysis.report_html import page
+from experiments.analysis.report_runs import (
+    CONTAMINATED,
+    Records,
+    ReportInputError,
+    config_key,
+    contamination_of,
+    iso,
+    pooled_records,
+    records_of,
+    run_acceptor,
+    select_runs,
+    since_ms,
+)
 from experiments.analysis.runs import run_config
+from experiments.analysis.slo import BREAKS_SLO, level_verdict, slo_levels
 from experiments.analysis.speedup.fit import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
 from experiments.analysis.speedup.model import PredictionUnavailable, levels_of, predict_run
 from experiments.tracking.lifecycle import tracked_run
-from experiments.tracking.records import run_records
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-CONTAMINATED = "contaminated — not a verdict"
-
-
-class ReportInputError(ValueError):
-    """Nothing to report on; nothing was written."""
+# the run selection lives in report_runs.py; these names stay importable from here
+__all__ = ["CONTAMINATED", "OptionSeries", "Point", "ReportInputError", "build_series", "main", "records_of",
+           "select_runs", "t_interval", "verdict_of"]
 
 
 def verdict_of(low: float, high: float) -> str:
@@ -71,10 +85,16 @@ class Point:
     forecast_high: float | None = None
     forecast_error: float | None = None   # forecast / speedup - 1, against this point's pooled paired speedup
     forecasts: int = 0                    # runs that carried a forecast
+    slo: dict | None = None               # the latency targets' row at this level (experiments/analysis/slo.py)
+
+    @property
+    def throughput_verdict(self) -> str:
+        return verdict_of(self.low, self.high)
 
     @property
     def verdict(self) -> str:
-        return verdict_of(self.low, self.high)
+        """The throughput verdict, or breaks_slo where the option misses a latency target the baseline meets."""
+        return level_verdict(self.throughput_verdict, self.slo)
 
     @property
     def forecast_verdict(self) -> str | None:
@@ -84,7 +104,8 @@ class Point:
         return verdict_of(self.forecast_low, self.forecast_high)
 
     def as_json(self) -> dict:
-        return vars(self) | {"verdict": self.verdict, "forecast_verdict": self.forecast_verdict}
+        return vars(self) | {"verdict": self.verdict, "throughput_verdict": self.throughput_verdict,
+                             "forecast_verdict": self.forecast_verdict}
 
 
 def _model_odd(p: Point) -> bool:
@@ -97,8 +118,8 @@ def _disagreements(points: dict[int, Point]) -> list[str]:
     """Where the forecast's verdict is not the measured one; where the post-hoc model cannot explain the point."""
     parts = []
     told = [f"{c} (forecast {p.forecast:.2f}x [{p.forecast_low:.2f}, {p.forecast_high:.2f}] {p.forecast_verdict}, "
-            f"measured {p.speedup:.2f}x {p.verdict})" for c, p in sorted(points.items())
-            if p.forecast_verdict is not None and p.forecast_verdict != p.verdict]
+            f"measured {p.speedup:.2f}x {p.throughput_verdict})" for c, p in sorted(points.items())
+            if p.forecast_verdict is not None and p.forecast_verdict != p.throughput_verdict]
     if told:
         parts.append(f"forecast disagrees at c={', '.join(told)}")
     # a measurement the model cannot explain is a cue to look at the pairing (a baseline measured on a busy
@@ -116,6 +137,7 @@ class OptionSeries:
     points: dict[int, Point] = field(default_factory=dict)
     categories: list[dict] = field(default_factory=list)
     contamination: dict[str, str] = field(default_factory=dict)    # run name (id) -> check
+    prompt_set: str | None = None           # what the workload sends (a file by its name)
 
     @property
     def contaminated(self) -> bool:
@@ -125,96 +147,20 @@ class OptionSeries:
         levels: dict[str, list[int]] = defaultdict(list)
         for c, p in sorted(self.points.items()):
             levels[p.verdict].append(c)
-        parts = [f"{v} at c={','.join(map(str, levels[v]))}" for v in ("pays", "does not pay", "inconclusive")
-                 if levels[v]]
+        parts = [f"{v} at c={','.join(map(str, levels[v]))}"
+                 for v in ("pays", "does not pay", BREAKS_SLO, "inconclusive") if levels[v]]
         parts += _disagreements(self.points)
         if self.contaminated:
             return f"{CONTAMINATED}: measured " + "; ".join(parts)
-        pays, loses = bool(levels["pays"]), bool(levels["does not pay"])
+        pays, loses = bool(levels["pays"]), bool(levels["does not pay"] or levels[BREAKS_SLO])
         head = "pays" if pays and not loses else "does not pay" if loses and not pays else "depends"
         return f"{head}: " + "; ".join(parts)
-
-
-def config_key(run) -> tuple[str, str]:
-    config = run_config(run)
-    spec = config.spec
-    window = (spec.ngram.get("min_match"), spec.ngram.get("max_match"))
-    match = f" match {window[0]}-{window[1]}" if None not in window else ""
-    detail = {"ngram": f"k={spec.num_draft_tokens}{match}",
-              "eagle3": f"steps={spec.num_steps} topk={spec.topk}"}.get(spec.method, "")
-    return f"{config.option} {spec.method} {detail}".strip(), config.workload or "?"
-
-
-def records_of(client, run_id: str) -> list[dict]:
-    """A run's records; none for a run without them (it gets no request-level interval)."""
-    return run_records(client, run_id) or []
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
     v = np.asarray(values, dtype=float)
     half = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
     return float(v.mean() - half), float(v.mean() + half)
-
-
-def select_runs(client, target: str, since_ms: int | None = None) -> tuple[list, list, str, object | None]:
-    """(speculative runs, all runs by which baselines are found, experiment id, parent run or None); with
-    `since_ms`, only speculative runs started then or later (e.g. one lease of a GPU host)."""
-    from mlflow.exceptions import MlflowException
-    exp = client.get_experiment_by_name(target)
-    parent = None
-    if exp is None:
-        try:
-            parent = client.get_run(target)
-        except MlflowException as exc:
-            raise ReportInputError(f"{target!r} is neither an experiment nor a run in {client.tracking_uri}") from exc
-        exp_id = parent.info.experiment_id
-    else:
-        exp_id = exp.experiment_id
-    runs = client.search_runs([exp_id], "attributes.status = 'FINISHED' and tags.`specws.mode` = 'measure'",
-                              max_results=5000)
-    chosen = [r for r in runs if (parent is None or r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
-              and (since_ms is None or r.info.start_time >= since_ms)]
-    options = [r for r in chosen if run_config(r).spec.speculative and r.data.tags.get("specws.baseline_run_id")]
-    if not options:
-        since = "" if since_ms is None else f" started since {_iso(since_ms)}"
-        raise ReportInputError(f"{target}: no finished speculative run with a paired baseline{since} to report on")
-    return options, runs, exp_id, parent
-
-
-class Records:
-    """Each run's records, downloaded once."""
-
-    def __init__(self, client) -> None:
-        self.client, self.cache = client, {}
-
-    def __call__(self, run_id: str) -> list[dict]:
-        if run_id not in self.cache:
-            self.cache[run_id] = records_of(self.client, run_id)
-        return self.cache[run_id]
-
-
-def run_acceptor(run):
-    """The run's engine's per-request acceptance; an engine the workspace does not know reports none."""
-    try:
-        return acceptor(run_config(run).engine)
-    except ValueError:
-        return lambda record: None
-
-
-def contamination_of(run, records: list[dict]) -> str:
-    """The run's logged check (specws.contamination), else the check computed now from its records."""
-    if tag := run.data.tags.get("specws.contamination"):
-        return tag
-    return check_contamination(records, accept_length_of(run_acceptor(run))).as_tag()
-
-
-def pooled_records(runs: list, records: Records) -> tuple[list[dict], list[dict]]:
-    """Every run's records and its baseline's, prompt ids prefixed by the pair, so that pairs pool as prompts."""
-    opt, base = [], []
-    for i, run in enumerate(runs):
-        for out, rid in ((opt, run.info.run_id), (base, run.data.tags["specws.baseline_run_id"])):
-            out.extend({**r, "prompt_id": f"{i}/{r['prompt_id']}"} for r in records(rid))
-    return opt, base
 
 
 def _point(c: int, row: dict | None, per_run: list[float], logged: list[float], predicted: float | None) -> Point:
@@ -243,9 +189,12 @@ def _logged(runs: list, by_id: dict, c: int) -> list[float]:
 
 
 def _series(label: str, workload: str, runs: list, by_id: dict, records: Records, predictions: dict) -> OptionSeries:
-    s = OptionSeries(label, workload)
+    config = run_config(runs[0])
+    s = OptionSeries(label, workload, prompt_set=config.prompt_set)
     acc = run_acceptor(runs[0])
-    rows = category_rows(*pooled_records(runs, records), acc)
+    pooled = pooled_records(runs, records)
+    rows = category_rows(*pooled, acc)
+    slo = slo_levels(*pooled, config.slo_targets, config.closed)
     s.categories = rows
     single = [category_rows(*pooled_records([run], records), acc) for run in runs] if len(runs) >= 3 else []
     for run in runs:
@@ -260,6 +209,7 @@ def _series(label: str, workload: str, runs: list, by_id: dict, records: Records
         preds = [p[f"predicted_speedup_c{c}"] for p in predictions.values() if f"predicted_speedup_c{c}" in p]
         s.points[c] = _with_forecast(_point(c, row, per_run, logged, float(np.mean(preds)) if preds else None),
                                      runs)
+        s.points[c].slo = slo.get(c)
     return s
 
 
@@ -281,7 +231,7 @@ def _with_forecast(p: Point, runs: list) -> Point:
     return p
 
 
-def build_series(client, options: list, all_runs: list) -> list[OptionSeries]:
+def build_series(client, options: list, all_runs: list, records: Records | None = None) -> list[OptionSeries]:
     by_id = {r.info.run_id: r for r in all_runs}
     ngram = ngram_sources(client, options)
     slopes = probe_slopes(ngram_sources(client, [r for r in all_runs if run_config(r).spec.method == "ngram"]))
@@ -289,7 +239,7 @@ def build_series(client, options: list, all_runs: list) -> list[OptionSeries]:
     for run in options:
         if run.data.tags["specws.baseline_run_id"] in by_id:
             groups[config_key(run)].append(run)
-    records = Records(client)
+    records = records or Records(client)
     series = []
     for (label, workload), runs in sorted(groups.items()):
         predictions = {run.info.run_id: _prediction(run, by_id[run.data.tags["specws.baseline_run_id"]], ngram,
@@ -311,18 +261,6 @@ def _prediction(run, base, ngram: dict, slopes: dict) -> dict:
         return {}
 
 
-def _since_ms(text: str) -> int:
-    try:
-        t = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not an ISO time: {text!r} (e.g. 2026-11-30T21:00)") from exc
-    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
-
-
 def main(argv: list[str] | None = None) -> int:
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -333,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("target", help="experiment name or parent (sweep) run id")
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")
-    ap.add_argument("--since", type=_since_ms, default=None, metavar="ISO-TIME",
+    ap.add_argument("--since", type=since_ms, default=None, metavar="ISO-TIME",
                     help="only runs started at or after this UTC time, e.g. 2026-11-30T21:00 (one lease's runs)")
     args = ap.parse_args(argv)
     console = Console(stderr=True)
@@ -345,34 +283,59 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]report refused:[/] {exc}", soft_wrap=True)
         return 2
     title = f"Speculative decoding: {args.target if parent is None else parent.info.run_name or args.target}" + (
-        "" if args.since is None else f", runs since {_iso(args.since)}")
-    series = build_series(client, options, all_runs)
-    fig = figure(series, title)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    args.out.mkdir(parents=True, exist_ok=True)
+        "" if args.since is None else f", runs since {iso(args.since)}")
     stem = args.target.replace("/", "_").replace("@", "_") + ("" if args.since is None else
-                                                              f"-since-{_iso(args.since).replace(':', '')}")
-    png_path, html_path = args.out / f"report-{stem}.png", args.out / f"report-{stem}.html"
-    png_path.write_bytes(buf.getvalue())
-    html_path.write_text(page(series, buf.getvalue(), title))
-    verdicts = {f"{s.label} | {s.workload}": {
-        "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,
-        "points": {c: p.as_json() for c, p in s.points.items()}, "categories": s.categories} for s in series}
+                                                              f"-since-{iso(args.since).replace(':', '')}")
+    records = Records(client)
+    series = build_series(client, options, all_runs, records)
+    paths, verdicts = _write(client, options, all_runs, records, series, title, args.out, stem)
     if parent is not None:  # a sweep's report goes onto its parent run
-        _log_report(client, parent.info.run_id, html_path, png_path, verdicts)
+        _log_report(client, parent.info.run_id, paths, verdicts)
     else:
         with tracked_run(client, exp_id, f"report-{stem}"[:250], {"specws.mode": "report"}) as run:
-            _log_report(client, run.id, html_path, png_path, verdicts)
+            _log_report(client, run.id, paths, verdicts)
     for s in series:
         console.print(f"[bold]{s.label}[/] on {s.workload}: {s.verdict()}", soft_wrap=True)
-    print(html_path)
+    print(paths["html"])
     return 0
 
 
-def _log_report(client, run_id: str, html_path: Path, png_path: Path, verdicts: dict) -> None:
-    client.log_artifact(run_id, str(html_path), "report")
-    client.log_artifact(run_id, str(png_path), "report")
+def _png(fig) -> bytes:
+    from experiments.tracking.plots import plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _write(client, options: list, all_runs: list, records: Records, series: list, title: str, out: Path,
+           stem: str) -> tuple[dict[str, Path], dict]:
+    """The report's files under `out`: the HTML page, its speedup figure, the throughput vs per-user speed figure
+    and its points, the recommendation (JSON, Markdown); returns their paths and the verdicts."""
+    from experiments.analysis.pareto import as_json, pareto_figure, pareto_points
+    from experiments.analysis.recommend import build, write
+    from experiments.analysis.recommend_render import html_section
+    out.mkdir(parents=True, exist_ok=True)
+    recs = build(client, options, all_runs, records)
+    points = pareto_points(options, all_runs, records)
+    png, frontier = _png(figure(series, title)), _png(pareto_figure(points, f"{title}: throughput vs per-user speed"))
+    paths = {"png": out / f"report-{stem}.png", "pareto": out / f"pareto-{stem}.png",
+             "html": out / f"report-{stem}.html", "pareto_json": out / f"pareto-{stem}.json"}
+    paths["png"].write_bytes(png)
+    paths["pareto"].write_bytes(frontier)
+    paths["pareto_json"].write_text(json.dumps(as_json(points), indent=1))
+    paths["html"].write_text(page(series, png, title, html_section(recs), frontier))
+    paths["recommendation_json"], paths["recommendation_md"] = write(recs, out, stem, title)
+    verdicts = {f"{s.label} | {s.workload}": {
+        "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,
+        "prompt_set": s.prompt_set, "points": {c: p.as_json() for c, p in s.points.items()},
+        "categories": s.categories} for s in series}
+    return paths, verdicts
+
+
+def _log_report(client, run_id: str, paths: dict[str, Path], verdicts: dict) -> None:
+    for path in paths.values():
+        client.log_artifact(run_id, str(path), "report")
     client.log_dict(run_id, verdicts, "report/verdicts.json")
 
 

@@ -3,6 +3,8 @@
 right of each measured point, and the post-hoc model (hollow diamonds, evaluated with the run's own acceptance)."""
 from __future__ import annotations
 
+import textwrap
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -49,7 +51,7 @@ def _model(ax: Any, s: Any, x: np.ndarray, color: str) -> None:
         ax.plot(*zip(*shown, strict=True), "D", mfc="none", color=color, ms=9)
 
 
-def _panel(ax: Any, mine: list, colors: list[str], workload: str) -> None:
+def _panel(ax: Any, mine: list, colors: list[str], title: str) -> None:
     levels = sorted({c for s in mine for c in s.points})
     forecasts = any(p.forecast is not None for s in mine for p in s.points.values())
     width = min(0.2 if forecasts else 0.06, BAND / len(mine))     # octaves between configurations
@@ -65,26 +67,41 @@ def _panel(ax: Any, mine: list, colors: list[str], workload: str) -> None:
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrency")
     ax.set_ylabel("speedup vs baseline (output tok/s)")
-    ax.set_title(workload)
+    ax.set_title("\n".join(textwrap.wrap(title, 60)))
     ax.grid(alpha=0.3)
     handles, _ = ax.get_legend_handles_labels()
     ax.legend(handles=handles + _key_handles(), fontsize=7)
 
 
+def panel_titles(series: list) -> dict[str, str]:
+    """workload -> its panel's title (`series`: report.OptionSeries or pareto.ParetoPoint): the prompt set it
+    sends (a file by its name), with the workload's name where two workloads send the same set; the workload's
+    name for runs that recorded no prompt set."""
+    sets = {s.workload: getattr(s, "prompt_set", None) or s.workload for s in series}
+    shared = Counter(sets.values())
+    return {w: p if shared[p] == 1 else f"{p} (workload {w})" for w, p in sets.items()}
+
+
+def _wrapped(text: str, width_in: float, fontsize: float) -> str:
+    """`text` wrapped to the figure's width (a character is about 0.55 em wide), each line on its own."""
+    chars = max(20, int(width_in * 72 / (fontsize * 0.55)))
+    return "\n".join(line for part in text.split("\n") for line in textwrap.wrap(part, chars))
+
+
 def figure(series: list, title: str) -> Any:
-    """`series`: report.OptionSeries; one panel per workload."""
+    """`series`: report.OptionSeries; one panel per workload, titled by its prompt set."""
     from experiments.tracking.plots import plt
     workloads = sorted({s.workload for s in series})
+    titles = panel_titles(series)
     ncols = min(2, len(workloads))
     nrows = -(-len(workloads) // ncols)
-    height = 4.8 * nrows + (0.6 if ncols == 1 else 0.3)       # room for the key in the suptitle
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, height), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 4.8 * nrows + 0.6), squeeze=False,
+                             layout="constrained")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax in axes.flat[len(workloads):]:
         ax.set_visible(False)
     for ax, workload in zip(axes.flat, workloads, strict=False):
-        _panel(ax, [s for s in series if s.workload == workload], colors, workload)
-    key = ("\n" if ncols == 1 else "; ").join(KEY)
-    fig.suptitle(f"{title}\n{key}", fontsize=9 if ncols == 1 else 11)
-    fig.tight_layout()
+        _panel(ax, [s for s in series if s.workload == workload], colors, titles[workload])
+    size = 9 if ncols == 1 else 11
+    fig.suptitle(_wrapped(f"{title}\n" + "; ".join(KEY), 7 * ncols, size), fontsize=size)
     return fig

@@ -14,8 +14,16 @@ import pytest
 from conftest import VLLM_PYTHON
 from mlflow.tracking import MlflowClient
 
-from experiments.analysis.recommend import Recommendation, build, choice_label, main
-from experiments.analysis.recommend_rows import DECIDED, INCONCLUSIVE, NO_SPECULATION, Candidate, Load, decide
+from experiments.analysis.recommend import Recommendation, build, main
+from experiments.analysis.recommend_rows import (
+    DECIDED,
+    INCONCLUSIVE,
+    NO_SPECULATION,
+    Candidate,
+    Load,
+    choice_label,
+    decide,
+)
 from experiments.analysis.report import select_runs
 from experiments.analysis.runs import run_config
 from experiments.analysis.stats import paired_speedup, prompt_totals
