@@ -166,18 +166,17 @@ def write(recs: list[Recommendation], out: Path, stem: str, title: str) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlflow.tracking import MlflowClient
-
     from experiments.analysis.report_runs import iso, since_ms
+    from experiments.analysis.speedup.probe import client_for
     from experiments.config.paths import ROOT
     from experiments.tracking.lifecycle import tracked_run
     ap = argparse.ArgumentParser(prog="python -m experiments.analysis.recommend", description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, help="experiment name or parent (sweep) run id")
-    ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
+    ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}", help="or offline://DIR")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")
     ap.add_argument("--since", type=since_ms, default=None, metavar="ISO-TIME", help="only runs started since then")
     args = ap.parse_args(argv)
-    client = MlflowClient(args.tracking_uri)
+    client = client_for(args.tracking_uri)   # offline://DIR: the H200 host's store, no MLflow there
     try:
         options, all_runs, exp_id, parent = select_runs(client, args.experiment, args.since)
     except ReportInputError as exc:

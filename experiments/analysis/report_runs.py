@@ -45,16 +45,24 @@ def records_of(client, run_id: str) -> list[dict]:
     return run_records(client, run_id) or []
 
 
+def _lookup_errors() -> tuple[type[Exception], ...]:
+    """What a store raises for a run it does not have: MLflow's error, the offline store's (a host without MLflow)."""
+    try:
+        from mlflow.exceptions import MlflowException
+    except ImportError:
+        return (OSError, KeyError)
+    return (MlflowException, OSError, KeyError)
+
+
 def select_runs(client, target: str, since_ms: int | None = None) -> tuple[list, list, str, object | None]:
     """(speculative runs, all runs by which baselines are found, experiment id, parent run or None); with
     `since_ms`, only speculative runs started then or later (e.g. one lease of a GPU host)."""
-    from mlflow.exceptions import MlflowException
     exp = client.get_experiment_by_name(target)
     parent = None
     if exp is None:
         try:
             parent = client.get_run(target)
-        except MlflowException as exc:
+        except _lookup_errors() as exc:
             raise ReportInputError(f"{target!r} is neither an experiment nor a run in {client.tracking_uri}") from exc
         exp_id = parent.info.experiment_id
     else:

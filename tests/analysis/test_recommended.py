@@ -4,6 +4,8 @@ paid, so every load's choice is no speculation and the best candidate is the one
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -64,3 +66,17 @@ def test_a_load_the_recommendation_has_not_is_refused(lease, capsys) -> None:
     assert rc == 2 and out == "" and "no load poisson rate=8.0" in err
     rc, out, err = _overrides(capsys, str(json_path), "--concurrency", "1", "--tracking-uri", f"offline://{store}")
     assert rc == 2 and "name one with --workload" in err, err
+
+
+def test_recommend_runs_on_the_offline_store_without_mlflow(lease, tmp_path) -> None:
+    """As on the H200 host, where the plan recommends between its sweeps and its confirmation run."""
+    store, _ = lease
+    script = ("import sys\nfor m in ('mlflow', 'mlflow.tracking', 'mlflow.exceptions'): sys.modules[m] = None\n"
+              "from experiments.analysis.recommend import main\n"
+              f"sys.exit(main(['--experiment', '{H200_EXPERIMENT}', '--tracking-uri', 'offline://{store}', "
+              f"'--out', '{tmp_path}']))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "**c 1–8: no speculation**" in out.stdout
+    (written,) = tmp_path.glob("recommendation-*.json")
+    assert {"chat", "grounded"} <= {w["prompt_set"] for w in json.loads(written.read_text())["workloads"]}
