@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from experiments.config.paths import ROOT, cache_dir
-from experiments.tracking.offline_store import OfflineClient
+from tests.helpers.plans import carried_tree, clean_env, dry_runs, sglang_0_5_14
 
 PROBE = ROOT / "bin" / "probe"
 H200 = ROOT / "bin" / "h200"
-SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 H200_LEVELS = [1, 2, 4, 8, 16, 32, 48, 64]
 # (option, the swept key, its values) as bin/probe runs them; B on an SGLang site, C on a vLLM one
@@ -33,13 +31,6 @@ def expected(eagle: str) -> set[tuple[str, str, str]]:
     return out | {(eagle, EAGLE_STEPS[0], v) for v in EAGLE_STEPS[1]}
 
 
-def dry_runs(root: Path) -> list:
-    """The dry-run runs of an offline store (a multirun adds its parent run, which is no dry run)."""
-    client = OfflineClient(root)
-    runs = [client.get_run(i) for i in client.run_ids()]
-    return [r for r in runs if r.data.tags.get("specws.mode") == "dry_run"]
-
-
 def probed(runs: list) -> set[tuple[str, str, str]]:
     """(option, swept key, value) of each run."""
     swept = {o: key for o, key, _ in STEPS}
@@ -49,36 +40,6 @@ def probed(runs: list) -> set[tuple[str, str, str]]:
         key = swept.get(option, EAGLE_STEPS[0])
         out.add((option, key, r.data.params[key]))
     return out
-
-
-def sglang_0_5_14(folder: Path) -> str:
-    """An interpreter that imports SGLang 0.5.14 (bin/setup's overlay first on its path), as python3 with the
-    bundle does on the H200 host; only the engine's parser runs in it."""
-    if not (SGLANG_0_5_14 / "sglang-0.5.14.dist-info").is_dir():
-        pytest.fail(f"SGLang 0.5.14 overlay missing ({SGLANG_0_5_14}); run bin/setup")
-    wrapper = folder / "sglang-0.5.14-python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={SGLANG_0_5_14} exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without the variables that would point the runs elsewhere (or write conf/local/)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "SPECWS_SITE", "SPECWS_DEST", "PYTHONPATH",
-                                                            "SGLANG_PYTHON", "PROBE_EAGLE", "PROBE_FIT")}
-    return env | extra
-
-
-def carried_tree(dest: Path) -> Path:
-    """A copy of what a device call carries: the tracked files and the untracked ones git does not ignore."""
-    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, names):
-        src = ROOT / name
-        if src.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    return dest
 
 
 @pytest.mark.parametrize("script", [PROBE, H200])

@@ -1,0 +1,77 @@
+"""bin/load-plan (one answer per load on the H200) as `bin/h200 load` starts it: valid bash, every module it starts
+answers --help, a step's own overrides win over the plan's, and the whole plan dry-runs from a carried work tree
+(run.dry_run=true for every runner step, SGLang 0.5.14's parser): the closed-loop sweep, the Poisson rate sweep
+and their pairing identities reach the offline store, so that a lease is not spent on a run refused at its start."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import compose_cfg
+
+from experiments.config.paths import ROOT, cache_dir
+from tests.helpers.plans import carried_tree, clean_env, dry_runs, planned_steps, sglang_0_5_14
+
+PLAN = ROOT / "bin" / "load-plan"
+SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+
+
+def test_plan_is_valid_bash() -> None:
+    assert subprocess.run(["bash", "-n", str(PLAN)]).returncode == 0
+
+
+@pytest.mark.parametrize("module", sorted(set(re.findall(r"python3 -m ([\w.]+)", PLAN.read_text()))
+                                          - {"experiments.run"}))
+def test_every_module_the_plan_starts_answers_help(module: str) -> None:
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_open_loop_steps_override_the_closed_loop_levels(tmp_path: Path) -> None:
+    steps = planned_steps(PLAN, tmp_path, ("LOAD_OVERRIDES", "LOAD_RATES", "PLAN_BUDGET_S"))
+    assert list(steps) == ["gpu-tests", "baseline", "A", "B", "recommend-closed", "poisson-baseline", "poisson-A",
+                           "recommend-all"]
+    overrides = [o for o in steps["poisson-A"][3:] if o != "-m" and not o.startswith("hydra.")]
+    cfg = compose_cfg(*[o.replace("=8,32", "=32") for o in overrides], "site=h200")
+    assert cfg.workload.arrival == "poisson" and cfg.workload.rate == 32 and cfg.workload.concurrency == 64
+    assert cfg.workload.num_prompts == 128 and cfg.spec.num_draft_tokens == 4
+    closed = compose_cfg(*[o.replace("=2,4,8", "=2") for o in steps["B"][3:] if o != "-m"
+                           and not o.startswith("hydra.")], "site=h200")
+    assert list(closed.workload.concurrency) == [1, 4, 16, 64] and closed.workload.arrival == "closed"
+
+
+def test_h200_load_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
+    tree = carried_tree(tmp_path / "tree")
+    dest = tmp_path / "dest"
+    (dest / "cache" / "models").mkdir(parents=True)
+    (dest / "cache" / "models" / SMOLLM2.name).symlink_to(SMOLLM2)   # converted by `bin/h200 install` there
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')   # the host's python3 + bundle
+    (bindir / "python3").chmod(0o755)
+    env = clean_env(SPECWS_DEST=str(dest), SGLANG_PYTHON=sglang_0_5_14(tmp_path), LOAD_OVERRIDES="run.dry_run=true",
+                    PATH=f"{bindir}:{os.environ['PATH']}")
+    started = subprocess.run(["bin/h200", "load"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0 and "load: started" in started.stdout, started.stdout + started.stderr
+    waited = subprocess.run(["bin/h200", "wait", "1200"], cwd=tree, env=env, capture_output=True, text=True,
+                            timeout=1260)
+    log = (dest / "plan.log").read_text()
+    assert "plan: done" in waited.stdout, log[-4000:]
+    for step in ("baseline", "A", "B", "poisson-baseline", "poisson-A"):
+        assert re.search(rf"== \S+ {re.escape(step)} rc=0 ", log), (step, log[-4000:])
+    assert re.search(r"== \S+ gpu-tests rc=0 ", log), log[-4000:]
+    assert "3 skipped" in (dest / "out" / "load" / "gpu-tests.log").read_text()   # no GPU here
+    runs = dry_runs(dest / "runs")
+    seen = {(r.data.tags["specws.option"], r.data.params.get("workload.arrival"), r.data.params.get("workload.rate"),
+             r.data.params.get("spec.num_draft_tokens") if r.data.tags["specws.option"] == "A"
+             else r.data.params.get("spec.num_steps")) for r in runs}
+    assert {("A", "closed", "None", k) for k in ("2", "4", "8")} <= seen, seen
+    assert {("B", "closed", "None", k) for k in ("2", "4", "8")} <= seen, seen
+    assert {("A", "poisson", r, "4") for r in ("8", "32")} <= seen, seen
+    for run in runs:
+        assert run.data.tags["specws.site"] == "h200" and run.data.tags["specws.engine_version"] == "0.5.14"
