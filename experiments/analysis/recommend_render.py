@@ -61,20 +61,34 @@ def _flag_lines(flags: dict[str, dict]) -> list[str]:
     return out
 
 
-def _schedule_md(s: dict[str, Any]) -> list[str]:
-    if not s.get("needed"):
-        return ["One setting for every closed-loop load: no schedule needed."]
+def _engine_lines(s: dict[str, Any]) -> list[str]:
+    """Per engine, the one deployment that follows the schedule, or why none can."""
     out = []
     for engine in ("vllm", "sglang"):
         e = s[engine]
         if e["flags"] is None:
-            out.append(f"- {engine}: one deployment cannot follow the schedule — {e['why']}")
+            out.append(f"{engine}: one deployment cannot follow the schedule — {e['why']}")
         else:
             extra = f" with `{e['config_file']}` = `{e['config']}`" if e.get("config") else ""
-            out.append(f"- {engine}: `{shlex.join(e['flags'])}`{extra} ({e['source']})")
-    head, rows = cost_rows(s["single_setting"])
-    return [*out, "", "What one setting for the whole range costs (throughput vs each level's choice, measured):", "",
-            _md_table(head, rows)]
+            out.append(f"{engine}: `{shlex.join(e['flags'])}`{extra} ({e['source']})")
+    return out
+
+
+COSTS = "What one setting for the whole range costs (throughput vs each level's choice, measured):"
+NO_SCHEDULE = "One setting for every closed-loop load: no schedule needed."
+
+
+def _schedule_md(s: dict[str, Any]) -> list[str]:
+    if not s.get("needed"):
+        return [NO_SCHEDULE]
+    return [*(f"- {line}" for line in _engine_lines(s)), "", COSTS, "", _md_table(*cost_rows(s["single_setting"]))]
+
+
+def _schedule_html(s: dict[str, Any]) -> str:
+    if not s.get("needed"):
+        return f"<p>{escape(NO_SCHEDULE)}</p>"
+    lines = "".join(f"<li>{escape(line)}</li>" for line in _engine_lines(s))
+    return f"<ul>{lines}</ul><p>{escape(COSTS)}</p>{_html_table(*cost_rows(s['single_setting']))}"
 
 
 def _title(rec: dict) -> str:
@@ -117,6 +131,7 @@ def html_section(recs: list) -> str:
             out += [f"<li><b>{escape(label)}</b>: " + "; ".join(
                 f"{escape(engine)} <code>{escape(shlex.join(f['flags']) or '(none)')}</code>"
                 for engine, f in r["flags"][label].items()) + "</li>"]
-        out += ["</ul>", "<pre>" + escape("\n".join(_schedule_md(r["schedule"]))) + "</pre>"]
+        out += ["</ul><p>Across the closed-loop range</p>", _schedule_html(r["schedule"])]
+        out += [f"<p>Not considered: {escape(k)} — {escape(v)}</p>" for k, v in r["excluded"].items()]
     return "".join(out)
 

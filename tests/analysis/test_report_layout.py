@@ -63,3 +63,19 @@ def test_the_report_carries_the_recommendation_slo_verdicts_and_frontier(cpu_sto
     one, four = grounded["points"]["1"], grounded["points"]["4"]
     assert (one["verdict"], one["throughput_verdict"], four["verdict"]) == ("breaks_slo", "pays", "pays")
     assert grounded["verdict"].startswith("depends") and grounded["prompt_set"] == "grounded"
+
+
+def test_the_recommendation_section_escapes_what_came_from_runs() -> None:
+    from experiments.analysis.recommend import Recommendation
+    from experiments.analysis.recommend_render import html_section, markdown
+    from experiments.analysis.recommend_rows import Candidate, Load, decide
+    from experiments.analysis.stats import Interval
+    spec = {"method": "ngram", "num_steps": None, "topk": None, "num_draft_tokens": 4, "draft_model": None,
+            "moe_expert_budget": None, "ngram": {"min_match": 2, "max_match": 4}}
+    odd = Candidate("<script>|x", "cfg", "A", "vllm", spec, Interval(1.3, 1.1, 1.5, 12, "paired"), {})
+    rec = Recommendation("w&w", "<set>", {}, [decide(Load("closed", None, 1), [odd])],
+                         {"<bad>": "contaminated — not a verdict"})
+    html = html_section([rec])
+    assert "<script>" not in html and "&lt;script&gt;|x" in html and "&lt;set&gt;" in html and "&lt;bad&gt;" in html
+    md = markdown([rec], "t")
+    assert "**c 1: <script>|x**" in md and "| c 1 | <script>\\|x | decided |" in md
