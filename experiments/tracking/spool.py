@@ -82,9 +82,6 @@ class SpoolingClient:
     def wrapped(self) -> Any:
         return self._client
 
-    def spooling(self, run_id: str) -> bool:
-        return run_id in self._spooling
-
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
@@ -193,7 +190,7 @@ def _owner(folder: Path) -> dict:
 def _replay(client: Any, root: Path, meta: dict) -> None:
     """A spool's writes, each of which MLflow takes again unchanged (so a replay cut short can run again):
     params, metrics, tags, artifacts, dataset inputs, then the end."""
-    from mlflow.entities import DatasetInput, Metric, RunTag
+    from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, RunTag
 
     run_id, folder = meta["run_id"], root / meta["run_id"]
     if meta["params"]:
@@ -206,9 +203,10 @@ def _replay(client: Any, root: Path, meta: dict) -> None:
         client.log_batch(run_id, tags=tags[start:start + 100])
     if any((folder / "artifacts").iterdir()):
         client.log_artifacts(run_id, str(folder / "artifacts"))
-    if (folder / "inputs.jsonl").exists():
-        inputs = read_jsonl(folder / "inputs.jsonl")
-        client.log_inputs(run_id, datasets=[DatasetInput.from_dictionary(d) for d in inputs])
+    if (folder / "inputs.jsonl").exists():   # DatasetInput.from_dictionary leaves its parts as dicts
+        inputs = [DatasetInput(Dataset.from_dictionary(d["dataset"]), [InputTag(k, v) for k, v in d["tags"].items()])
+                  for d in read_jsonl(folder / "inputs.jsonl")]
+        client.log_inputs(run_id, datasets=inputs)
     if meta["status"] != "RUNNING":
         client.set_terminated(run_id, meta["status"], end_time=meta["end_time"])
 

@@ -115,6 +115,7 @@ def _write_while_gone(client, ids: dict, records: Path, seen: dict) -> None:
     client.set_tag(ids["done"], "specws.records_path", str(records))
     client.log_artifact(ids["done"], str(records), "records")
     client.log_dict(ids["done"], {"requests": 2}, "summary.json")
+    log_prompt_dataset(client, ids["done"], "smoke", "grounded", [{"id": "p1", "text": "hi"}], "e" * 40)
     try:
         client.get_run(ids["done"])
     except spool.ServerUnreachable as exc:                       # the server lacks what was spooled
@@ -146,6 +147,8 @@ def test_the_next_runner_records_a_finished_spool(outage, tmp_path) -> None:
     assert got.data.tags["specws.records_path"] == str(outage["records"])
     back = MlflowClient(outage["uri"]).download_artifacts(got.info.run_id, "records/records-x.jsonl", str(tmp_path))
     assert Path(back).read_text() == outage["records"].read_text()
+    (dataset,) = MlflowClient(outage["uri"]).get_run(got.info.run_id).inputs.dataset_inputs
+    assert dataset.dataset.name == "smoke" and dataset.dataset.digest == "e" * 36
 
 
 def test_a_spool_still_written_is_left_then_the_recovery_command_records_it(outage) -> None:
