@@ -49,3 +49,22 @@ def test_ours_reports_ttft_and_e2e_from_the_send_and_from_the_arrival(loopback, 
     assert m["queue_mean_ms"] > 100.0                               # 5 requests/s on a 250 ms server, one slot
     assert m["ttft_queued_mean_ms"] == pytest.approx(m["ttft_mean_ms"] + m["queue_mean_ms"], rel=1e-9)
     assert m["e2e_queued_mean_ms"] == pytest.approx(m["e2e_mean_ms"] + m["queue_mean_ms"], rel=1e-9)
+
+
+def test_both_clients_measure_the_same_open_loop_latencies_on_a_known_server(loopback, tmp_path) -> None:
+    """One schedule, one cap, a server whose timing is fixed: with the server's noise gone, the two clients' means
+    of TTFT, ITL, TPOT and e2e, from the send and from the arrival, agree within 5 %. (TPOT from chunks: the
+    loopback streams one token per event, and vLLM counts tokens by retokenising the loopback's made-up text.)"""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"no vLLM venv at {VLLM_PYTHON}; run bin/setup")
+    cap, arrivals = 1, Arrivals("poisson", 6.0, 1.0, 5)   # 4 requests/s served: a queue builds
+    prompts = [Prompt(f"p{i}", [100 + i, 1, 2]) for i in range(N)]
+    ours = ours_pass(loopback, prompts, cap, TOKENS, tmp_path, arrivals)["metrics"]
+    write_dataset([f"prompt number {i}" for i in range(N)], TOKENS, tmp_path / "prompts.jsonl")
+    peer = run_peer(loopback.base_url, tmp_path / "prompts.jsonl", N, cap, TOKENS, tmp_path, arrivals)["metrics"]
+    for m in (ours, peer):
+        m["tpot_chunks_ms"] = (m["e2e_mean_ms"] - m["ttft_mean_ms"]) / (TOKENS - 1)
+    assert ours["queue_mean_ms"] > 50.0 and peer["queue_mean_ms"] > 50.0    # the cap held requests back
+    for key in ("ttft_mean_ms", "itl_mean_ms", "e2e_mean_ms", "tpot_chunks_ms", "ttft_queued_mean_ms",
+                "e2e_queued_mean_ms"):
+        assert ours[key] == pytest.approx(peer[key], rel=0.05), (key, ours[key], peer[key])
