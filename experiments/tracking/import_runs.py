@@ -169,8 +169,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("source", type=Path, help="offline store folder, or a .tar.gz / .tar.xz of one")
     parser.add_argument("--tracking-uri", default=DEFAULT_URI)
-    parser.add_argument("--artifact-root", type=Path, default=ROOT / "mlruns" / "artifacts")
+    parser.add_argument("--artifact-root", type=Path, default=None,
+                        help="where a new experiment keeps its artifacts (default: mlruns/artifacts for a local "
+                             "store; a tracking server's own, proxied, for an http(s) URI)")
     args = parser.parse_args()
+    if args.artifact_root is None and not args.tracking_uri.startswith(("http://", "https://")):
+        args.artifact_root = ROOT / "mlruns" / "artifacts"
     with tempfile.TemporaryDirectory() as tmp:
         folder = offline_folder(args.source, Path(tmp))
         mlflow.set_tracking_uri(args.tracking_uri)

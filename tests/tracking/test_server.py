@@ -190,8 +190,6 @@ def sweep_store(root: Path) -> dict[str, str]:
     return {"parent": parent, "baseline": base.info.run_id, "A": opt.info.run_id}
 
 
-@pytest.mark.xfail(strict=True, reason="import_runs gives a new experiment its local --artifact-root "
-                                       "(mlruns/artifacts) on a tracking server too: artifacts bypass the server")
 def test_the_importer_keeps_parent_child_and_baseline_links_on_the_server(server, tmp_path) -> None:
     old = sweep_store(tmp_path / "offline")
     out = subprocess.run([sys.executable, "-m", "experiments.tracking.import_runs", str(tmp_path / "offline"),
