@@ -57,7 +57,8 @@ def served_pair_key(cfg: DictConfig, served: Served, prompts_digest: str) -> str
 
 
 # how long the client waits: not what is measured, so a baseline stays reusable when they change
-NOT_MEASURED = ("request_timeout_s", "stall_timeout_s", "level_timeout_s", "floor_tok_s", "max_error_share")
+# how a run is judged, not what it measures: the latency targets are applied to both runs' records afterwards
+NOT_MEASURED = ("request_timeout_s", "stall_timeout_s", "level_timeout_s", "floor_tok_s", "max_error_share", "slo")
 ARRIVAL_KEYS = ("arrival", "rate", "burstiness", "arrival_seed")
 
 

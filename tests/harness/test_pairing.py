@@ -70,4 +70,6 @@ def test_the_pairing_key_covers_what_changes_the_engine_not_its_speculation() ->
     assert key("engine.python=/opt/other/python") != plain
     assert key("spec.num_draft_tokens=2") == plain            # the speculative flags are what is compared
     assert key("+engine.env.HF_TOKEN=a") == key("+engine.env.HF_TOKEN=b")   # a secret counts by name only
+    assert key("workload.slo.ttft_p99_s=2.0") == plain         # targets judge both runs' records afterwards
+    assert key("workload.max_tokens=32") != plain
     assert pair_key(compose_cfg("+option=A", "site=local"), "0.32.1", "prompts") != plain
