@@ -67,3 +67,19 @@ def carried_tree(dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     return dest
+
+
+def host_stage(tmp_path: Path, model: Path, **env: str) -> tuple[Path, Path, dict[str, str]]:
+    """(the carried work tree, the bundle's folder, the environment) of a `bin/h200 <stage>` call as the H200 host
+    makes it: `model` as `bin/h200 install` converts it there, the host's python3 (this interpreter), SGLang
+    0.5.14's parser, and `env` added."""
+    tree = carried_tree(tmp_path / "tree")
+    dest = tmp_path / "dest"
+    (dest / "cache" / "models").mkdir(parents=True)
+    (dest / "cache" / "models" / model.name).symlink_to(model)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bindir / "python3").chmod(0o755)
+    return tree, dest, clean_env(SPECWS_DEST=str(dest), SGLANG_PYTHON=sglang_0_5_14(tmp_path),
+                                 PATH=f"{bindir}:{os.environ['PATH']}", **env)

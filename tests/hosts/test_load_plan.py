@@ -4,7 +4,6 @@ answers --help, a step's own overrides win over the plan's, and the whole plan d
 and their pairing identities reach the offline store, so that a lease is not spent on a run refused at its start."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.config.paths import ROOT, cache_dir
-from tests.helpers.plans import carried_tree, clean_env, dry_runs, planned_steps, sglang_0_5_14
+from tests.helpers.plans import dry_runs, host_stage, planned_steps
 
 PLAN = ROOT / "bin" / "load-plan"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
@@ -46,16 +45,7 @@ def test_the_open_loop_steps_override_the_closed_loop_levels(tmp_path: Path) -> 
 
 
 def test_h200_load_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
-    tree = carried_tree(tmp_path / "tree")
-    dest = tmp_path / "dest"
-    (dest / "cache" / "models").mkdir(parents=True)
-    (dest / "cache" / "models" / SMOLLM2.name).symlink_to(SMOLLM2)   # converted by `bin/h200 install` there
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')   # the host's python3 + bundle
-    (bindir / "python3").chmod(0o755)
-    env = clean_env(SPECWS_DEST=str(dest), SGLANG_PYTHON=sglang_0_5_14(tmp_path), LOAD_OVERRIDES="run.dry_run=true",
-                    PATH=f"{bindir}:{os.environ['PATH']}")
+    tree, dest, env = host_stage(tmp_path, SMOLLM2, LOAD_OVERRIDES="run.dry_run=true")
     started = subprocess.run(["bin/h200", "load"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0 and "load: started" in started.stdout, started.stdout + started.stderr
     waited = subprocess.run(["bin/h200", "wait", "1200"], cwd=tree, env=env, capture_output=True, text=True,

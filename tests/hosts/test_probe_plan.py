@@ -7,7 +7,6 @@ build the baseline's command line."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from experiments.config.paths import ROOT, cache_dir
-from tests.helpers.plans import carried_tree, clean_env, dry_runs, sglang_0_5_14
+from tests.helpers.plans import clean_env, dry_runs, host_stage, sglang_0_5_14
 
 PROBE = ROOT / "bin" / "probe"
 H200 = ROOT / "bin" / "h200"
@@ -51,16 +50,7 @@ def test_h200_probe_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) ->
     """`bin/h200 probe` then `bin/h200 wait`, from a carried work tree, with run.dry_run=true added (the
     stage's SPECWS_OVERRIDES): the background plan copies the code, installs the committed head, runs bin/probe
     with B and the H200's levels into the offline store, packs it and touches the done file."""
-    tree = carried_tree(tmp_path / "tree")
-    dest = tmp_path / "dest"
-    (dest / "cache" / "models").mkdir(parents=True)
-    (dest / "cache" / "models" / SMOLLM2.name).symlink_to(SMOLLM2)   # converted by `bin/h200 install` there
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')   # the host's python3 + bundle
-    (bindir / "python3").chmod(0o755)
-    env = clean_env(SPECWS_DEST=str(dest), SGLANG_PYTHON=sglang_0_5_14(tmp_path),
-                    SPECWS_OVERRIDES="run.dry_run=true", PATH=f"{bindir}:{os.environ['PATH']}")
+    tree, dest, env = host_stage(tmp_path, SMOLLM2, SPECWS_OVERRIDES="run.dry_run=true")
     started = subprocess.run(["bin/h200", "probe"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0 and "probe: started" in started.stdout, started.stdout + started.stderr
     waited = subprocess.run(["bin/h200", "wait", "900"], cwd=tree, env=env, capture_output=True, text=True,
