@@ -268,6 +268,9 @@ class DataSettings:
             drop = (*drop, "synthetic_prompts")     # template-only corpora keep the keys they had before the field
         return {k: v for k, v in d.items() if k not in drop}
 
+    def build(self, progress: Callable[[str], None] = print) -> Path:
+        return generate_responses(self, progress)
+
     def answers_key(self) -> str:
         """What an answer depends on (not how many prompts were drawn): cached answers with the same
         answers_key are reused when a larger prompt set starts with the same prompts."""

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import torch
 
-from experiments.eagle3.data import DataSettings, eagle3_cache, generate_responses, load_rows
+from experiments.eagle3.data import DataSettings, eagle3_cache, load_rows
+from experiments.eagle3.sharegpt_data import ShareGPTSettings
 
 
 @dataclass(frozen=True)
 class FeatureSettings:
-    data: DataSettings
+    data: DataSettings | ShareGPTSettings
     aux_layer_ids: tuple[int, ...]
     dtype: str = "float32"
     tokens_per_batch: int = 4096
@@ -127,7 +128,7 @@ def build_features(s: FeatureSettings, progress: Callable[[str], None] = print) 
         return out
     from transformers import AutoModelForCausalLM
 
-    rows = load_rows(generate_responses(s.data, progress))
+    rows = load_rows(s.data.build(progress))
     model = AutoModelForCausalLM.from_pretrained(s.data.model_path, dtype=getattr(torch, s.dtype)).eval().to(s.device)
     n_layers = model.config.num_hidden_layers
     if not all(0 <= k < n_layers for k in s.aux_layer_ids):  # hidden_states[n_layers] is post-norm in transformers

