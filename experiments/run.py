@@ -88,8 +88,9 @@ def _redact_hydra_folder(cfg: DictConfig) -> None:
             console.print(f"[yellow]could not redact {path}[/]: {exc}")
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> dict | None:
+def task(cfg: DictConfig) -> dict | None:
+    """One Hydra job. A module-level name of its own (`main` is Hydra's wrapper): submitit's launchers pickle
+    the task function by reference, so a job in another process imports it."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)   # a closed terminal: torn down and KILLED like Ctrl-C
     # A shell starting us in the background (`cmd &`, nohup, some CI runners) leaves SIGINT ignored, and Python
@@ -111,6 +112,9 @@ def main(cfg: DictConfig) -> dict | None:
             POOL.close_all()
 
 
+main = hydra.main(config_path=str(paths.ROOT / "conf"), config_name="config", version_base="1.3")(task)
+
+
 def write_local_site(site: str, path=LOCAL_SITE) -> bool:
     """SPECWS_SITE=<site> chooses this machine's site once: written as conf/local/site.yaml (git-ignored), which
     conf/config.yaml's `optional local: site` composes; a `site=` override on the command line still wins."""
@@ -127,4 +131,7 @@ def write_local_site(site: str, path=LOCAL_SITE) -> bool:
 if __name__ == "__main__":
     if os.environ.get(SITE_ENV):
         write_local_site(os.environ[SITE_ENV])
-    main()
+    # This module by its name, not as __main__: submitit pickles `task` by reference only from an importable module
+    from experiments.run import main as importable_main
+
+    importable_main()

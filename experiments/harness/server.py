@@ -1,4 +1,8 @@
-"""The engine server as a process group on 127.0.0.1: log to a file, health awaited, always torn down."""
+"""The engine server as a process group on 127.0.0.1: log to a file, health awaited, always torn down.
+
+Across processes (two runners, a submitit sweep's jobs): each process owns and stops only the servers it started;
+a port is held from its choice until its server listens (ports.hold_port), and a pooled server holds its devices
+(devices.DEVICES) while it lives, so a second job on the same devices waits for them."""
 from __future__ import annotations
 
 import atexit
@@ -13,8 +17,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from experiments.harness.devices import DEVICES, device_ids, lock_dir
 from experiments.harness.launch import LaunchSpec
-from experiments.harness.ports import free_port
+from experiments.harness.ports import free_port, hold_port
 from experiments.tracking.redact import redact_file, redact_text
 
 PORT_IN_USE = ("address already in use", "errno 98")
@@ -78,7 +83,7 @@ class Server:
         """Start and wait for health (asked every `health_poll_s`); a port lost to another process between
         choice and bind is replaced by a fresh free port."""
         for attempt in range(attempts):
-            self.spec.port = free_port(preferred_port if attempt == 0 else None, self.spec.host)
+            hold = self._choose_port(preferred_port if attempt == 0 else None)
             try:
                 self._start_once(timeout_s, health_poll_s)
                 return
@@ -87,6 +92,18 @@ class Server:
                 if attempt + 1 < attempts and retry:
                     continue
                 raise
+            finally:   # listening (or gone): the port no longer looks free to anyone
+                hold.release()
+
+    def _choose_port(self, preferred: int | None, tries: int = 100):
+        """A free port that no other process of this host is starting a server on, held until released."""
+        for _ in range(tries):
+            self.spec.port = free_port(preferred, self.spec.host)
+            hold = hold_port(lock_dir(), self.spec.port)
+            if hold is not None:
+                return hold
+            preferred = None
+        raise OSError(f"every free port tried on {self.spec.host} is being taken by another workspace process")
 
     def _start_once(self, timeout_s: float, health_poll_s: float) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -249,15 +266,19 @@ def _group_members(pgid: int) -> list[psutil.Process]:
 
 
 class ServerPool:
-    """Running servers keyed by launch-spec identity, so multirun jobs with the same arguments share
-    one server. Least recently used servers are stopped beyond `capacity`."""
+    """This process's running servers keyed by launch-spec identity (command line and environment), so multirun
+    jobs of one process with the same arguments share one server; never shared with another process. Least
+    recently used servers are stopped beyond `capacity`. A server started for an `accelerator` holds its devices
+    while it lives: one for a device another process holds waits for it."""
 
     def __init__(self) -> None:
         self._servers: OrderedDict[str, Server] = OrderedDict()
+        self._devices: dict[str, list[str]] = {}
+        self.accelerator: str | None = None   # the running job's site.accelerator (experiments/harness/sweep.py)
         atexit.register(self.close_all)
 
     def acquire(self, spec: LaunchSpec, log_path: Path, timeout_s: float, preferred_port: int | None,
-                reuse: bool = True, capacity: int = 2) -> tuple[Server, bool]:
+                reuse: bool = True, capacity: int = 2, accelerator: str | None = None) -> tuple[Server, bool]:
         """A healthy server for `spec` and whether it was reused."""
         server = self._servers.get(spec.key) if reuse else None
         if server is not None and server.alive():
@@ -267,15 +288,24 @@ class ServerPool:
         self.release(spec.key)
         while len(self._servers) >= max(1, capacity):
             self.release(next(iter(self._servers)))
+        accelerator = accelerator or self.accelerator
+        devices = device_ids(accelerator, spec.env) if accelerator else []
+        DEVICES.acquire(devices, f"{spec.engine} server of {_command_line()}")
         server = Server(spec, log_path)
-        server.start(timeout_s, preferred_port)
+        try:
+            server.start(timeout_s, preferred_port)
+        except BaseException:
+            DEVICES.release(devices)
+            raise
         self._servers[spec.key] = server
+        self._devices[spec.key] = devices
         return server, False
 
     def release(self, key: str) -> None:
         server = self._servers.pop(key, None)
         if server is not None:
             server.stop()
+            DEVICES.release(self._devices.pop(key, []))
 
     def close_all(self) -> None:
         for key in list(self._servers):
@@ -283,3 +313,9 @@ class ServerPool:
 
 
 POOL = ServerPool()
+
+
+def _command_line(limit: int = 240) -> str:
+    """This process's command line, as a waiting job's progress line names the holder (secrets masked)."""
+    line = redact_text(" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    return line if len(line) <= limit else line[:limit] + "..."

@@ -1,21 +1,28 @@
 """Hydra callback: one MLflow parent run per multirun sweep, children per job, a summary plot on the
-parent, and the shared server pool closed at the end."""
+parent, and the shared server pool closed at the end; each job holds the devices its servers need while it runs.
+
+Whichever launcher runs the jobs: the basic launcher runs them in this process; submitit's (submitit_local, a Slurm
+cluster) unpickles this callback in a process of each job, which finds the parent run by the pickled id, else by
+the file the sweep wrote into its folder before any job started, and closes its own servers when its job ends."""
 from __future__ import annotations
 
 import atexit
 import os
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.harness.devices import DEVICES, device_ids
 from experiments.tracking.lifecycle import TrackedRun, tracked_run
 from experiments.tracking.runs import setup
 from experiments.tracking.store import PARENT_ENV, git_commit
 
 SWEEP_KEYS_PREFERRED = ("spec.", "workload.")
+PARENT_FILE = "parent_run_id"   # in the sweep folder: the parent run, for jobs that run elsewhere
 
 
 class SweepCallback(Callback):
@@ -27,6 +34,18 @@ class SweepCallback(Callback):
         self._run_cm = None
         self.failed_jobs = 0
         self.client = None
+        self.launcher_pid = os.getpid()
+        self.parent_id: str | None = None
+        self._job_devices: list[str] = []
+
+    def __getstate__(self) -> dict:
+        """What a job in another process gets (submitit pickles the launcher and its callbacks): the parent's id,
+        not its open run and store client."""
+        return {"launcher_pid": self.launcher_pid, "parent_id": self.parent_id}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self.launcher_pid, self.parent_id = state["launcher_pid"], state["parent_id"]
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("option") is None:
@@ -37,12 +56,49 @@ class SweepCallback(Callback):
             "specws.sweep": "parent", "specws.option": config.option.name,
             "specws.site": config.site.name, "specws.sweep_overrides": overrides, "git.commit": git_commit()})
         self.parent = self._run_cm.__enter__()
+        self.parent_id = self.parent.id
         os.environ[PARENT_ENV] = self.parent.id
+        folder = Path(str(config.hydra.sweep.dir))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / PARENT_FILE).write_text(self.parent.id + "\n")
         atexit.register(self._abandon)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if self._elsewhere() and not os.environ.get(PARENT_ENV):
+            parent = self.parent_id or _parent_from_folder(config)
+            if parent:
+                os.environ[PARENT_ENV] = parent
+        self._hold_devices(config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if job_return.status == JobStatus.FAILED:
             self.failed_jobs += 1
+        DEVICES.release(self._job_devices)
+        self._job_devices = []
+        if self._elsewhere():   # this process ends with its job: so do its servers
+            from experiments.harness.server import POOL
+
+            POOL.close_all()
+
+    def _elsewhere(self) -> bool:
+        """The job runs in a process of its own (submitit), not in the launcher's."""
+        return os.getpid() != self.launcher_pid
+
+    def _hold_devices(self, config: DictConfig) -> None:
+        """A job that starts servers waits for their devices before it starts (before it looks for a baseline, so
+        that it finds one the job it waited for has measured); its servers then hold them while they live."""
+        from experiments.harness.server import POOL
+
+        if config.get("option") is None or OmegaConf.select(config, "run.dry_run") \
+                or OmegaConf.select(config, "server.url"):
+            return
+        accelerator = str(OmegaConf.select(config, "site.accelerator", default="cpu"))
+        POOL.accelerator = accelerator
+        env = {**_env_of(config, "engine.env"), **_env_of(config, "site.env")}
+        self._job_devices = device_ids(accelerator, env)
+        job = OmegaConf.select(config, "hydra.job.num", default=None)
+        overrides = " ".join(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
+        DEVICES.acquire(self._job_devices, f"job {job if job is not None else ''} of pid {os.getpid()}: {overrides}")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from experiments.harness.server import POOL
@@ -56,7 +112,7 @@ class SweepCallback(Callback):
         self._log_sweep(children)
         failed = [r for r in children if r.info.status != "FINISHED"]
         self.client.set_tag(self.parent.id, "specws.children", str(len(children)))
-        if failed or self.failed_jobs:
+        if failed or self.failed_jobs:   # a job elsewhere counts its failure in its own process: read the runs
             self.parent.finish_as("FAILED", f"{max(len(failed), self.failed_jobs)} of the sweep's runs failed")
         self._close(None)
 
@@ -81,9 +137,33 @@ class SweepCallback(Callback):
     def _abandon(self) -> None:
         """The sweep ended without on_multirun_end: a failed job (Hydra stops the sweep by raising it) fails the
         parent; otherwise the sweep was interrupted."""
-        if self.parent is not None:
-            self._close(RuntimeError(f"{self.failed_jobs} sweep job(s) failed") if self.failed_jobs
-                        else KeyboardInterrupt("the sweep ended before its last job"))
+        if self.parent is None:
+            return
+        failed = self.failed_jobs or self._failed_children()
+        self._close(RuntimeError(f"{failed} sweep job(s) failed") if failed
+                    else KeyboardInterrupt("the sweep ended before its last job"))
+
+    def _failed_children(self) -> int:
+        """Children that ended FAILED (jobs in other processes count their failures there, not here)."""
+        try:
+            exp = self.client.get_run(self.parent.id).info.experiment_id
+            children = self.client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{self.parent.id}'")
+        except Exception:  # noqa: BLE001 - the store is gone: the parent ends as interrupted
+            return 0
+        return sum(r.info.status == "FAILED" for r in children)
+
+
+def _parent_from_folder(config: DictConfig) -> str | None:
+    path = Path(str(config.hydra.sweep.dir)) / PARENT_FILE
+    return path.read_text().strip() if path.exists() else None
+
+
+def _env_of(config: DictConfig, key: str) -> dict[str, str]:
+    try:
+        node = OmegaConf.select(config, key)
+        return {str(k): str(v) for k, v in OmegaConf.to_container(node, resolve=True).items()} if node else {}
+    except Exception:  # noqa: BLE001 - a broken config is refused by the run itself, with its own message
+        return {}
 
 
 def swept_param(params: list[dict[str, str]]) -> str | None:
