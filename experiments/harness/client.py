@@ -145,9 +145,11 @@ class WorkloadRunner:
     for its arrival time, then for a slot."""
 
     def __init__(self, server: Server, adapter: EngineAdapter, model: str, settings: RequestSettings,
-                 render: Render, records_path: Path, arrivals: Arrivals = CLOSED):
+                 render: Render, records_path: Path, arrivals: Arrivals = CLOSED, telemetry=None):
+        """`telemetry`: started and stopped around each measured slice (experiments.harness.telemetry)."""
         self.server, self.adapter, self.model, self.settings = server, adapter, model, settings
         self.render, self.records_path, self.arrivals = render, records_path, arrivals
+        self.telemetry = telemetry
         self.warmup = WarmupStats()
 
     def run(self, plan: VisitPlan) -> list[LevelResult]:
@@ -229,6 +231,8 @@ class WorkloadRunner:
                  "none" if deadline is None else f"{deadline:.0f} s")
         stop = asyncio.Event()   # the server is taken as hung: requests still to arrive are not waited for
         sampler = HostSampler.start(served_by=self.server.local_processes())
+        if self.telemetry is not None:
+            self.telemetry.start(level, rep)
         t0 = time.perf_counter()
 
         async def conversation(conv: Conversation, at: float | None) -> None:
@@ -257,6 +261,8 @@ class WorkloadRunner:
                                 for i, c in enumerate(convs)))
         await self._await_level(work, level, rep, records, total, deadline)
         wall = time.perf_counter() - t0
+        if self.telemetry is not None:
+            self.telemetry.stop()
         host = sampler.stop()
         if any(r.error_kind in SERVER_FAULT_KINDS for r in records):  # the first sign of a dying server?
             self.server.check_alive(wait_s=2.0)

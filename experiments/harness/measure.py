@@ -30,7 +30,9 @@ from experiments.harness.hostload import host_loaded
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.prepare import PreparedWorkload
 from experiments.harness.server import POOL
-from experiments.harness.summary import SloTargets, Summary, check_error_share, summarize
+from experiments.harness.summary import SloTargets, Summary, add_level_metrics, check_error_share, summarize
+from experiments.harness.telemetry import TAG as TELEMETRY_TAG
+from experiments.harness.telemetry import LevelTelemetry
 from experiments.tracking.export import LIMIT_PARAM, Measurement
 from experiments.tracking.records import load_records, run_records
 from experiments.tracking.redact import redact_text
@@ -50,6 +52,8 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
     log_path = m.records_path.parent / f"server-{_server_key(target)}.log"
     m.option = v.option
     server = runner = None
+    m.telemetry = telemetry = LevelTelemetry.open(_visible_gpus(target))
+    m.tags[TELEMETRY_TAG] = telemetry.status
     try:
         server = _server_for(m, v, target, log_path, prepared)
         served = isinstance(target, Served)
@@ -59,9 +63,11 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
         settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s, w.stall_timeout_s,
                                    w.level_timeout_s, w.floor_tok_s, engine_slots=_engine_slots(m.limits))
         runner = WorkloadRunner(server, adapter, v.model, settings, prepared.render(), m.records_path,
-                                Arrivals.of(w))
+                                Arrivals.of(w), telemetry)
         m.summary = summarize(runner.run(prepared.plan), adapter,
                               SloTargets.of(OmegaConf.select(cfg, "workload.slo", default=None)))
+        add_level_metrics(m.summary, telemetry.level_metrics(
+            {c: lv["output_tokens"] for c, lv in m.summary.per_level.items()}))
         m.metrics = _measured_metrics(m.summary, baseline)
         _note_host_load(m, v.baseline.loaded_host_share)
         if baseline is not None:
@@ -72,11 +78,20 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
         _report(v, m.metrics)
         check_error_share(m.summary, w.max_error_share)   # after the numbers are in `m`: a failed run keeps them
     finally:
+        telemetry.close()
         if runner is not None:
             m.warmup_metrics, m.warmup_failures = runner.warmup.metrics(), list(runner.warmup.failures)
         m.server_log = log_path if log_path.exists() else getattr(server, "log_path", None)
         if isinstance(target, LaunchSpec):
             _read_patches(m, target)
+
+
+def _visible_gpus(target: LaunchSpec | Served) -> str | None:
+    """The GPUs a launched server is given (CUDA_VISIBLE_DEVICES of its environment or of this process); None
+    for a running server or no such setting: telemetry then samples every GPU NVML sees."""
+    if isinstance(target, Served):
+        return None
+    return target.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def _engine_slots(limits: dict) -> int | None:

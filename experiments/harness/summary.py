@@ -200,6 +200,15 @@ def summarize(levels: list[LevelResult], adapter: EngineAdapter, slo: SloTargets
     return s
 
 
+def add_level_metrics(s: Summary, per_level: dict[int, dict[str, float]]) -> None:
+    """Metrics measured beside the records (experiments.harness.telemetry) into `s`: per level, and in the run's
+    metrics as <name>_c<concurrency>."""
+    for c, extra in per_level.items():
+        if c in s.per_level:
+            s.per_level[c].update(extra)
+            s.metrics.update({f"{k}_c{c}": v for k, v in extra.items()})
+
+
 def _host_metrics(levels: list[LevelResult], per_level: dict[int, dict[str, float]]) -> dict[str, float]:
     """Run-level host load: the busiest level's other processes (host_loaded() reads it) and the machine's CPUs."""
     busy = [m["host_other_cores_busy"] for m in per_level.values() if "host_other_cores_busy" in m]

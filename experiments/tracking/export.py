@@ -14,7 +14,8 @@ from experiments.tracking import plots
 from experiments.tracking.store import Metric, log_params
 from experiments.tracking.uploads import Uploads
 
-PER_LEVEL_CHARTED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "goodput_req_s", "slo_share")
+PER_LEVEL_CHARTED = ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "goodput_req_s", "slo_share",
+                     "energy_per_token_j", "gpu_power_w_mean", "gpu_util_pct_mean")
 LIMIT_PARAM = "limits.effective."   # params of the limits a server reported running with
 
 
@@ -34,6 +35,7 @@ class Measurement:
     patches_tag: str | None = None
     server_log: Path | None = None
     baseline_tok_s: dict[int, float] | None = None              # the baseline's per level, for the plot
+    telemetry: Any = None                                       # harness.telemetry.LevelTelemetry
 
 
 def export_inputs(uploads: Uploads, launch: dict, name: str) -> None:
@@ -67,6 +69,7 @@ def export(client, run_id: str, m: Measurement, uploads: Uploads) -> None:
     if m.patches is not None:
         uploads.write("sglang_patches.applied", lambda: client.set_tag(run_id, "sglang_patches.applied", m.patches_tag))
         uploads.dict(m.patches, "sglang_patches.json")
+    _log_telemetry(client, run_id, m.telemetry, uploads)
     if m.records_path.exists():
         uploads.file(m.records_path, "records")
     if m.server_log is not None and m.server_log.exists():
@@ -83,6 +86,14 @@ def _log_metrics(client, run_id: str, metrics: dict[str, float], summary) -> Non
                  for k in PER_LEVEL_CHARTED if k in m]
     for start in range(0, len(rows), 1000):
         client.log_batch(run_id, metrics=rows[start:start + 1000])
+
+
+def _log_telemetry(client, run_id: str, telemetry, uploads: Uploads) -> None:
+    """The levels' telemetry samples (a CSV table) and windows (JSON), when any level was sampled."""
+    if telemetry is None or not telemetry.windows:
+        return
+    for name, text in telemetry.artifacts().items():
+        uploads.write(name, lambda name=name, text=text: client.log_text(run_id, text, name))
 
 
 def _log_plots(uploads: Uploads, m: Measurement) -> None:

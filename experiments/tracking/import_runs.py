@@ -62,7 +62,8 @@ def _import_run(source: OfflineClient, client: MlflowClient, exp_id: str, old_id
     params = {k: str(v) for k, v in meta["params"].items()}
     run = None
     try:
-        with tracked_run(client, exp_id, meta["run_name"], tags, params, start_time=meta["start_time"]) as run:
+        with tracked_run(client, exp_id, meta["run_name"], tags, params, start_time=meta["start_time"],
+                         system_metrics=False) as run:
             metrics = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in source.metric_rows(old_id)]
             for i in range(0, len(metrics), 1000):
                 client.log_batch(run.id, metrics=metrics[i:i + 1000])

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +27,9 @@ RUNNER_HOST_TAG = "specws.runner_host"
 # How long a run's terminal state is retried against a store that fails (SQLite locked by another process:
 # MLflow itself waits 20 s per write first); then it is kept on disk for the next start (`apply_pending_ends`).
 STORE_RETRY_S = 60.0
+SYSTEM_METRICS_TAG = "telemetry.system"
+SYSTEM_METRICS_INTERVAL_S = 10.0   # MLflow's own default: CPU, memory, disk and network as system/* metrics
+SYSTEM_METRICS_FINISH_S = 2.0
 
 
 class StoreUnavailable(RuntimeError):
@@ -48,7 +53,8 @@ class TrackedRun:
 @contextmanager
 def tracked_run(client, experiment_id: str, name: str | None, tags: dict[str, str],
                 params: dict[str, str] | None = None, parent_id: str | None = None,
-                start_time: int | None = None, store_retry_s: float = STORE_RETRY_S) -> Iterator[TrackedRun]:
+                start_time: int | None = None, store_retry_s: float = STORE_RETRY_S,
+                system_metrics: bool = True) -> Iterator[TrackedRun]:
     """Create a run and end it on every exit path: FINISHED (or what `finish_as` set), KILLED on Ctrl-C /
     SIGTERM (KeyboardInterrupt), FAILED on any other exception with its reason in `specws.failure`. The parent
     is `parent_id`, else the sweep parent named by SPECWS_PARENT_RUN_ID.
@@ -56,9 +62,15 @@ def tracked_run(client, experiment_id: str, name: str | None, tags: dict[str, st
     A store that fails while ending the run is retried for `store_retry_s`; if it is still failing, the terminal
     state (status, reason, end time) is written to disk and recorded by the next start on that store, never
     left RUNNING, and the store's failure never hides the exception that ended the run (a normal exit raises
-    StoreUnavailable instead)."""
+    StoreUnavailable instead).
+
+    While it runs, MLflow's system-metrics monitor logs the host's CPU, memory, disk and network (and GPUs where
+    NVML works) as `system/*` metrics; `system_metrics=False` for a run that records another machine's (an
+    import). The `telemetry.system` tag says whether it ran, and why not."""
     parent_id = parent_id or os.environ.get(PARENT_ENV)
-    tags = {**tags, **runner_tags(), **({"mlflow.runName": name} if name else {}),
+    monitor_off = _system_metrics_off(client) if system_metrics else "off: not this run's machine (imported)"
+    system = monitor_off or f"on: MLflow system metrics every {SYSTEM_METRICS_INTERVAL_S:g} s"
+    tags = {SYSTEM_METRICS_TAG: system, **tags, **runner_tags(), **({"mlflow.runName": name} if name else {}),
             **({"mlflow.parentRunId": parent_id} if parent_id else {})}
     try:
         created = client.create_run(experiment_id, run_name=name, tags=redact_params(tags), start_time=start_time)
@@ -66,6 +78,7 @@ def tracked_run(client, experiment_id: str, name: str | None, tags: dict[str, st
         raise StoreUnavailable(f"the tracking store {_uri_of(client)} could not create run {name!r} "
                                f"({_brief(exc)}); nothing was started") from exc
     run = TrackedRun(client, created.info.run_id, store_retry_s=store_retry_s)
+    monitor = None if monitor_off else _start_system_metrics(client, run.id)
     try:
         if params:
             log_params(client, run.id, params)
@@ -73,13 +86,63 @@ def tracked_run(client, experiment_id: str, name: str | None, tags: dict[str, st
     except GeneratorExit:  # abandoned without an exit (garbage collected): the next start finds it stale
         raise
     except KeyboardInterrupt:
+        _finish_system_metrics(monitor)
         _end(run, "KILLED", "interrupted (Ctrl-C / SIGTERM)")
         raise
     except BaseException as exc:
+        _finish_system_metrics(monitor)
         _end(run, "FAILED", f"{type(exc).__name__}: {exc}")
         raise
     else:
+        _finish_system_metrics(monitor)
         _end(run, run.status, run.reason, strict=True)
+
+
+def _system_metrics_off(client) -> str | None:
+    """Why MLflow's system-metrics monitor cannot run against `client`'s store; None when it can."""
+    if not getattr(client, "tracking_uri", None):
+        return "off: offline store (no MLflow here); the measured levels keep the host's CPU in telemetry/"
+    try:
+        import mlflow.system_metrics.system_metrics_monitor  # noqa: F401
+    except ImportError as exc:
+        return f"off: MLflow's system-metrics monitor is missing ({exc})"
+    return None
+
+
+def _start_system_metrics(client, run_id: str):
+    """MLflow's monitor of this run, sampling in its own thread; None (and the tag says why) if it fails."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)   # not two INFO lines per run
+    try:
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                       tracking_uri=str(client.tracking_uri))
+        monitor.start()
+    except Exception as exc:  # noqa: BLE001 - the run goes on without them
+        client.set_tag(run_id, SYSTEM_METRICS_TAG, f"off: the monitor did not start ({_brief(exc)})")
+        return None
+    return monitor
+
+
+def _finish_system_metrics(monitor) -> None:
+    """Stop the monitor before the run ends (a run shorter than one interval still logs one sample), waiting at
+    most SYSTEM_METRICS_FINISH_S: a locked or unreachable store holds the monitor's writes, not the run's end."""
+    if monitor is None:
+        return
+
+    def finish() -> None:
+        try:
+            monitor.finish()
+            if getattr(monitor, "_logging_step", 1) == 0:
+                monitor.collect_metrics()
+                monitor.publish_metrics(monitor.aggregate_metrics())
+                monitor.mlflow_logger.flush()
+        except Exception as exc:  # noqa: BLE001 - system metrics never fail a run
+            console.print(f"[yellow]system metrics not logged[/]: {_brief(exc)}")
+
+    worker = threading.Thread(target=finish, daemon=True, name="system-metrics-finish")
+    worker.start()
+    worker.join(SYSTEM_METRICS_FINISH_S)
 
 
 def runner_tags() -> dict[str, str]:

@@ -2,6 +2,7 @@
 imported into MLflow with their pairing intact, and the decision report over the imported runs."""
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from datetime import UTC, datetime
@@ -43,8 +44,36 @@ def test_measured_runs_offline_keep_baseline_pairing_after_import(imported: Path
     assert option.data.tags["specws.baseline_run_id"] == base.info.run_id  # rewritten to the new id
     assert option.data.metrics["accept_length"] > 1.0
     assert option.data.metrics["speedup_vs_baseline"] > 0
-    assert {a.path for a in client.list_artifacts(option.info.run_id)} >= {"records", "server", "summary.json"}
+    assert {a.path for a in client.list_artifacts(option.info.run_id)} >= {"records", "server", "summary.json",
+                                                                           "telemetry"}
     assert all(r.info.status == "FINISHED" for r in runs.values())
+
+
+def test_measured_levels_keep_their_telemetry_through_the_import(imported: Path, tmp_path: Path) -> None:
+    """No NVML on this machine: GPU telemetry is off and says why; the host's CPU was sampled over each measured
+    level only, and the samples and level metrics survive the import. No MLflow system metrics offline."""
+    client = MlflowClient(f"sqlite:///{imported / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    for run in client.search_runs([exp.experiment_id]):
+        tags, m = run.data.tags, run.data.metrics
+        assert tags["telemetry.gpu"].startswith("off: ") and tags["telemetry.system"].startswith("off: offline")
+        assert not any(k.startswith("system/") for k in m)   # the importing machine's own are not logged
+        assert not any(k.startswith("energy_per_token_j") for k in m)   # no energy without a GPU
+        table = Path(client.download_artifacts(run.info.run_id, "telemetry/samples.csv", str(tmp_path)))
+        rows = list(csv.DictReader(table.open()))
+        windows = json.loads(Path(client.download_artifacts(run.info.run_id, "telemetry/windows.json",
+                                                            str(tmp_path))).read_text())["windows"]
+        assert [w["concurrency"] for w in windows] == [1, 2]
+        for c in (1, 2):
+            (w,) = [w for w in windows if w["concurrency"] == c]
+            level = [r for r in rows if int(r["concurrency"]) == c]
+            cpu = [float(r["value"]) for r in level if r["metric"] == "cpu_util_pct"]
+            assert cpu and all(0.0 <= v <= 100.0 for v in cpu)
+            assert all(w["start_s"] <= float(r["t_s"]) <= w["end_s"] + 0.01 for r in level)   # inside the level
+            assert m[f"host_cpu_util_pct_mean_c{c}"] == pytest.approx(sum(cpu) / len(cpu), rel=1e-3)
+            # sampled every 0.25 s over the level's wall (the window is the level's, warm-ups left out)
+            assert w["end_s"] - w["start_s"] == pytest.approx(m[f"wall_s_c{c}"], abs=0.5)
+            assert m[f"telemetry_samples_c{c}"] >= 0.5 * m[f"wall_s_c{c}"] / 0.25
 
 
 def test_report_on_measured_runs(imported: Path, tmp_path: Path) -> None:
