@@ -117,7 +117,7 @@ class DeviceLocks:
                 break
             except Timeout:
                 if time.monotonic() >= next_report:
-                    _say(f"waiting for device {dev} on {socket.gethostname()} ({what}): "
+                    _say(f"waiting for device {dev} on {socket.gethostname()}: "
                          f"{holder_line(self._holder_file(dev))}; waited {time.monotonic() - started:.0f} s")
                     next_report = time.monotonic() + self.report_every_s
         if time.monotonic() - started > 1.0:

