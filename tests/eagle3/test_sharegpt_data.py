@@ -100,3 +100,42 @@ def test_later_turns_carry_the_targets_own_answers():
         assert len(row["response_ids"]) <= 6 and row["finished"] == (row["response_ids"][-1] == tok.eos_token_id)
     alone = tok.decode(a[0]["response_ids"], skip_special_tokens=True)
     assert alone in tok.decode(a[2]["prompt_ids"])              # the answer the target gave is what it sees next
+
+
+def test_sglang_outputs_become_rows_like_the_trainers_own():
+    """SGLang's token-in/token-out results: an answer that stopped on end-of-turn ends with it (whether the engine
+    returned the token or not); one cut by max_new_tokens is unfinished."""
+    from experiments.eagle3.sglang_regen import _finished_ids
+
+    stop = {"type": "stop", "matched": 2}
+    assert _finished_ids({"output_ids": [5, 6], "meta_info": {"finish_reason": stop}}, [2]) == ([5, 6, 2], True)
+    assert _finished_ids({"output_ids": [5, 2], "meta_info": {"finish_reason": stop}}, [2]) == ([5, 2], True)
+    length = {"type": "length", "length": 2}
+    assert _finished_ids({"output_ids": [5, 6], "meta_info": {"finish_reason": length}}, [2]) == ([5, 6], False)
+
+
+@pytest.mark.gpu
+def test_sglang_regeneration_matches_the_trainers_greedy_answers(tmp_path: Path):
+    """On a GPU host with the bundle: SGLang's multi-turn regeneration gives the same requests as transformers'
+    and, greedy in bf16, mostly the same answers (near-ties may differ)."""
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from experiments.eagle3.regen import regenerate, transformers_generate
+    from experiments.eagle3.sglang_regen import run_subprocess
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    site = str(Path(os.environ.get("SPECWS_CACHE", "/tmp/specws/cache")).parent / "site")
+    model_dir = Path(os.environ.get("SPECWS_CACHE", str(SMOLLM2.parents[1]))) / "models" / SMOLLM2.name
+    convs = [(_conv(f"c{i}", q, "Tell me more.", "Summarise that."), "sharegpt/train")
+             for i, q in enumerate(["Name a colour.", "What is 2 + 2?", "Write a haiku about rain."])]
+    got = run_subprocess(convs, str(model_dir), tmp_path, 3, 32, 1024, 0, site, print)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval().to("cuda")
+    ref = regenerate(convs, tok, transformers_generate(model, tok, 32, 8, print), 3, 1024, print)
+    assert [r["id"] for r in got] == [r["id"] for r in ref]
+    assert [r["prompt_ids"] for r in got[:3]] == [r["prompt_ids"] for r in ref[:3]]
+    assert sum(g["response_ids"] == r["response_ids"] for g, r in zip(got[:3], ref[:3], strict=True)) >= 2
