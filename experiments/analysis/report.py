@@ -324,13 +324,30 @@ def _write(client, options: list, all_runs: list, records: Records, series: list
     paths["png"].write_bytes(png)
     paths["pareto"].write_bytes(frontier)
     paths["pareto_json"].write_text(json.dumps(as_json(points), indent=1))
-    paths["html"].write_text(page(series, png, title, html_section(recs), frontier))
+    telemetry = _telemetry(client, options, all_runs, out / f"telemetry-{stem}.png", paths)
+    paths["html"].write_text(page(series, png, title, html_section(recs), frontier, telemetry))
     paths["recommendation_json"], paths["recommendation_md"] = write(recs, out, stem, title)
     verdicts = {f"{s.label} | {s.workload}": {
         "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,
         "prompt_set": s.prompt_set, "points": {c: p.as_json() for c, p in s.points.items()},
         "categories": s.categories} for s in series}
     return paths, verdicts
+
+
+def _telemetry(client, options: list, all_runs: list, path: Path, paths: dict[str, Path]) -> str:
+    """The Telemetry section's HTML over the options and their baselines; its figure into `path` (and `paths`)
+    when any run has samples."""
+    from experiments.analysis.report_telemetry import html_section, telemetry_figure, telemetry_of
+    by_id = {r.info.run_id: r for r in all_runs}
+    bases = {r.data.tags.get("specws.baseline_run_id") for r in options}
+    runs = telemetry_of(client, list({r.info.run_id: r for r in options + [by_id[b] for b in bases
+                                                                             if b in by_id]}.values()))
+    fig = telemetry_figure(runs)
+    png = None if fig is None else _png(fig)
+    if png is not None:
+        path.write_bytes(png)
+        paths["telemetry"] = path
+    return html_section(runs, png)
 
 
 def _log_report(client, run_id: str, paths: dict[str, Path], verdicts: dict) -> None:

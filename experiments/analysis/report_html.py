@@ -71,10 +71,12 @@ def _contamination_rows(series: list) -> str:
                    for s in series for run, tag in sorted(s.contamination.items()))
 
 
-def page(series: list, png: bytes, title: str, recommendation: str = "", pareto: bytes | None = None) -> str:
+def page(series: list, png: bytes, title: str, recommendation: str = "", pareto: bytes | None = None,
+         telemetry: str = "") -> str:
     """`series`: report.OptionSeries (label, workload, points, categories, contamination, verdict());
     `recommendation`: the Recommendation section's HTML (experiments/analysis/recommend_render.py); `pareto`: the
-    throughput vs per-user speed figure."""
+    throughput vs per-user speed figure; `telemetry`: the Telemetry section's HTML
+    (experiments/analysis/report_telemetry.py)."""
     where = panel_titles(series)
     verdicts = "".join(f"<li><b>{escape(s.label)}</b> on {escape(where[s.workload])}: {escape(s.verdict())}</li>"
                        for s in series)
@@ -107,6 +109,7 @@ forecast). The verdict names every level where the forecast's verdict (from its 
 one. Latency targets (<code>workload.slo</code>): "breaks" names a target whose p99 the option misses where the
 baseline meets it, and the level's verdict is then breaks_slo whatever its throughput; goodput: requests per second
 within every target, the option's over the baseline's on the same prompts.</p>
+{telemetry}
 <h2>Per category</h2><table>{cat_head}{_category_rows(series)}</table>
 <h2>Contamination (acceptance that depends on what the engine served before)</h2>
 <table><tr><th>option</th><th>workload</th><th>run</th><th>check</th></tr>{_contamination_rows(series)}</table>

@@ -229,7 +229,7 @@ class LevelTelemetry:
     def table(self) -> str:
         """The samples as CSV (COLUMNS), time from the first window's start."""
         buf = io.StringIO()
-        writer = csv.writer(buf)
+        writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(COLUMNS)
         for w in self.windows:
             for t, unix_ms, device, metric, value in w.samples:

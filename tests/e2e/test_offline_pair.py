@@ -93,6 +93,9 @@ def test_report_on_measured_runs(imported: Path, tmp_path: Path) -> None:
     assert html.exists() and (tmp_path / "reports" / "report-smollm2_135m_local.png").exists()
     text = html.read_text()
     assert "Verdict" in text and "data:image/png;base64," in text
+    # no NVML here: the telemetry section says so, and plots the host's CPU over each measured level instead
+    assert "<h2>Telemetry</h2><p><b>No GPU telemetry</b>" in text and "off: " in text
+    assert (tmp_path / "reports" / "telemetry-smollm2_135m_local.png").exists()
     (report_run,) = client.search_runs([exp.experiment_id], "tags.`specws.mode` = 'report'")
     verdicts = json.loads(Path(client.download_artifacts(report_run.info.run_id, "report/verdicts.json",
                                                          str(tmp_path))).read_text())
