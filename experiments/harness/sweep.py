@@ -1,5 +1,5 @@
 """Hydra callback: one MLflow parent run per multirun sweep, children per job, a summary plot on the
-parent, and the shared server pool closed at the end; each job holds the devices its servers need while it runs.
+parent, and the shared server pool closed at the end.
 
 Whichever launcher runs the jobs: the basic launcher runs them in this process; submitit's (submitit_local, a Slurm
 cluster) unpickles this callback in a process of each job, which finds the parent run by the pickled id, else by
@@ -13,12 +13,10 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
-from experiments.harness.devices import DEVICES, device_ids
 from experiments.tracking.lifecycle import TrackedRun, tracked_run
-from experiments.tracking.redact import redact_text
 from experiments.tracking.runs import setup
 from experiments.tracking.store import PARENT_ENV, git_commit
 
@@ -37,7 +35,6 @@ class SweepCallback(Callback):
         self.client = None
         self.launcher_pid = os.getpid()
         self.parent_id: str | None = None
-        self._job_devices: list[str] = []
 
     def __getstate__(self) -> dict:
         """What a job in another process gets (submitit pickles the launcher and its callbacks): the parent's id,
@@ -69,13 +66,10 @@ class SweepCallback(Callback):
             parent = self.parent_id or _parent_from_folder(config)
             if parent:
                 os.environ[PARENT_ENV] = parent
-        self._hold_devices(config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if job_return.status == JobStatus.FAILED:
             self.failed_jobs += 1
-        DEVICES.release(self._job_devices)
-        self._job_devices = []
         if self._elsewhere():   # this process ends with its job: so do its servers
             from experiments.harness.server import POOL
 
@@ -84,20 +78,6 @@ class SweepCallback(Callback):
     def _elsewhere(self) -> bool:
         """The job runs in a process of its own (submitit), not in the launcher's."""
         return os.getpid() != self.launcher_pid
-
-    def _hold_devices(self, config: DictConfig) -> None:
-        """A job that starts servers waits for their devices before it starts (before it looks for a baseline, so
-        that it finds one the job it waited for has measured); its servers then hold them while they live."""
-        from experiments.harness.server import POOL
-
-        if config.get("option") is None or OmegaConf.select(config, "run.dry_run") \
-                or OmegaConf.select(config, "server.url"):
-            return
-        accelerator = str(OmegaConf.select(config, "site.accelerator", default="cpu"))
-        POOL.accelerator = accelerator
-        env = {**_env_of(config, "engine.env"), **_env_of(config, "site.env")}
-        self._job_devices = device_ids(accelerator, env)
-        DEVICES.acquire(self._job_devices, _job_line(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from experiments.harness.server import POOL
@@ -152,26 +132,9 @@ class SweepCallback(Callback):
         return sum(r.info.status == "FAILED" for r in children)
 
 
-def _job_line(config: DictConfig, limit: int = 160) -> str:
-    """The job as a waiting job's progress line names it: number, process and what it runs."""
-    num = OmegaConf.select(config, "hydra.job.num", default=None)
-    overrides = [o for o in OmegaConf.select(config, "hydra.overrides.task", default=[]) or []
-                 if not o.startswith(("tracking.", "hydra."))]
-    line = redact_text(f"{'run' if num is None else f'job {num}'} of pid {os.getpid()}: {' '.join(overrides)}")
-    return line if len(line) <= limit else line[:limit] + "..."
-
-
 def _parent_from_folder(config: DictConfig) -> str | None:
     path = Path(str(config.hydra.sweep.dir)) / PARENT_FILE
     return path.read_text().strip() if path.exists() else None
-
-
-def _env_of(config: DictConfig, key: str) -> dict[str, str]:
-    try:
-        node = OmegaConf.select(config, key)
-        return {str(k): str(v) for k, v in OmegaConf.to_container(node, resolve=True).items()} if node else {}
-    except Exception:  # noqa: BLE001 - a broken config is refused by the run itself, with its own message
-        return {}
 
 
 def swept_param(params: list[dict[str, str]]) -> str | None:
