@@ -32,20 +32,22 @@ def test_every_module_the_plan_starts_answers_help(module: str) -> None:
 
 
 def test_the_open_loop_steps_override_the_closed_loop_levels(tmp_path: Path) -> None:
-    steps = planned_steps(PLAN, tmp_path, ("LOAD_OVERRIDES", "LOAD_RATES", "PLAN_BUDGET_S"))
-    assert list(steps) == ["gpu-tests", "baseline", "A", "B", "recommend-closed", "poisson-baseline", "poisson-A",
+    steps = planned_steps(PLAN, tmp_path, ("LOAD_OVERRIDES", "LOAD_RATES", "PLAN_BUDGET_S", "LOAD_GPU_TESTS"))
+    assert list(steps) == ["baseline", "B", "A", "recommend-closed", "poisson-baseline", "poisson-A",
                            "recommend-all"]
     overrides = [o for o in steps["poisson-A"][3:] if o != "-m" and not o.startswith("hydra.")]
     cfg = compose_cfg(*[o.replace("=8,32", "=32") for o in overrides], "site=h200")
     assert cfg.workload.arrival == "poisson" and cfg.workload.rate == 32 and cfg.workload.concurrency == 64
-    assert cfg.workload.num_prompts == 128 and cfg.spec.num_draft_tokens == 4
+    assert cfg.workload.num_prompts == 128 and cfg.spec.num_draft_tokens == 8
     closed = compose_cfg(*[o.replace("=2,4,8", "=2") for o in steps["B"][3:] if o != "-m"
                            and not o.startswith("hydra.")], "site=h200")
     assert list(closed.workload.concurrency) == [1, 4, 16, 64] and closed.workload.arrival == "closed"
 
 
 def test_h200_load_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
-    tree, dest, env = host_stage(tmp_path, SMOLLM2, LOAD_OVERRIDES="run.dry_run=true")
+    gpu_tests = " ".join(f"tests/sglang_patches/{name}.py" for name in
+                         ("test_synthetic_router", "test_moe_budget_graphs", "test_patches"))
+    tree, dest, env = host_stage(tmp_path, SMOLLM2, LOAD_OVERRIDES="run.dry_run=true", LOAD_GPU_TESTS=gpu_tests)
     started = subprocess.run(["bin/h200", "load"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0 and "load: started" in started.stdout, started.stdout + started.stderr
     waited = subprocess.run(["bin/h200", "wait", "1200"], cwd=tree, env=env, capture_output=True, text=True,
@@ -62,6 +64,6 @@ def test_h200_load_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) -> 
              else r.data.params.get("spec.num_steps")) for r in runs}
     assert {("A", "closed", "None", k) for k in ("2", "4", "8")} <= seen, seen
     assert {("B", "closed", "None", k) for k in ("2", "4", "8")} <= seen, seen
-    assert {("A", "poisson", r, "4") for r in ("8", "32")} <= seen, seen
+    assert {("A", "poisson", r, "8") for r in ("8", "32")} <= seen, seen
     for run in runs:
         assert run.data.tags["specws.site"] == "h200" and run.data.tags["specws.engine_version"] == "0.5.14"
