@@ -78,6 +78,9 @@ class RequestRecord:
 Render = Callable[[Conversation, int, list[str]], list[int]]
 # kinds that may mean the server is dying (an error event or a bad reply came from a live one)
 SERVER_FAULT_KINDS = frozenset({"stall", "deadline", "truncated", "connection"})
+# engines' uvicorn closes idle connections after 5 s (SGLANG_TIMEOUT_KEEP_ALIVE, VLLM_HTTP_TIMEOUT_KEEP_ALIVE): a
+# request written onto a pooled connection just as the server closes it is lost, so the client drops them first
+KEEPALIVE_S = 2.0
 __all__ = ["SKIPPED_AFTER_STALL", "LevelDeadline", "LevelResult", "RequestRecord", "RequestSettings",
            "WarmupFailed", "WorkloadRunner", "fixed_prompts"]
 log = logging.getLogger(__name__)
@@ -164,8 +167,8 @@ class WorkloadRunner:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(st.timeout_s, st.stall_timeout_s), sock_read=None)
         async with aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
                                          json_serialize=dump_json,
-                                         connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2,
-                                                                        ssl=False)) as client:
+                                         connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2, ssl=False,
+                                                                        keepalive_timeout=KEEPALIVE_S)) as client:
             await self._warm_up(client, plan.warmup, "at concurrency 1", concurrent=False)
             results = []
             # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times

@@ -12,6 +12,8 @@ import pytest
 from experiments.engines.base import StreamError
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter
+from experiments.harness import client as client_module
+from experiments.harness.arrivals import Arrivals
 from experiments.harness.client import (
     SKIPPED_AFTER_STALL,
     LevelDeadline,
@@ -201,6 +203,35 @@ def test_failing_warm_ups_are_counted_and_all_failing_stops_the_run(proxy, tmp_p
     assert time.monotonic() - start < 3 + 6            # the second warm-up was not sent after the first stalled
     assert not (tmp_path / "all.jsonl").exists()
     assert runner.warmup.metrics()["warmup_errors"] == 2.0
+
+
+@pytest.mark.slow
+def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(proxy, tmp_path: Path, monkeypatch) -> None:
+    """An engine closes a connection idle for its keep-alive (5 s); a request written onto it just then is lost
+    (ServerDisconnectedError; seen at 8 req/s open loop on the H200). The proxy closes, unanswered, any request on a
+    connection idle for 3 s; the client's one measured request arrives 3.5 s after the level started (open loop),
+    after a warm-up and the level's /metrics scrape on the same session: the client must have dropped that idle
+    connection and opened a new one. With a keep-alive past the gap (aiohttp's default 15 s) the request is lost."""
+    server, model = proxy
+    convs, render = fixed_prompts({k: PROMPTS[k] for k in list(PROMPTS)[:2]})
+    plan = plan_visits(convs, [1], 1, 1, 0, True)
+    settings = RequestSettings(MAX_TOKENS, 0.0, 0, 60, 60, None)
+    set_fault(server, "idle_close", idle_s=3.0)
+
+    def one_run(path: Path) -> dict:
+        runner = WorkloadRunner(server, VLLMAdapter(), model, settings, render, path, Arrivals("poisson", 1 / 3.5))
+        runner.run(plan)
+        assert runner.warmup.metrics()["warmup_errors"] == 0.0
+        (record,) = load_records(path)
+        assert record["scheduled_s"] == pytest.approx(3.5) and record["queue_s"] < 0.5
+        return record
+
+    record = one_run(tmp_path / "fixed.jsonl")
+    assert record["error"] is None and record["output_token_ids"]
+
+    monkeypatch.setattr(client_module, "KEEPALIVE_S", 15.0)   # the old connector: the idle connection is reused
+    record = one_run(tmp_path / "old.jsonl")
+    assert record["error_kind"] == "connection" and "ServerDisconnectedError" in record["error"]
 
 
 @pytest.mark.parametrize("adapter", [VLLMAdapter(), SGLangAdapter()], ids=["vllm", "sglang"])

@@ -18,6 +18,10 @@ Faults, set with POST /fault {"kind": ..., options} (`set_fault`); kind `none` p
   chunk, `data: [DONE]`) right after the line before them; an event the engine sends after its slot when it comes.
   GET /paced: per paced stream, each token event's `arrived_s` (from the engine), `due_s` (its slot) and `sent_s`,
   in seconds since the request arrived (cleared by POST /fault)
+- idle_close: any request (streaming or not) that arrives on a client connection idle for at least `idle_s`
+  seconds (default 5) since its last reply ended is answered by closing that connection without a reply, as an
+  engine's uvicorn does when its keep-alive timeout (5 s) expires just as the request arrives; a request on a new
+  connection, or on one idle for less, passes (`skip` and `times` do not apply)
 `skip`: the first `skip` streaming requests after a configuration pass through untouched; `times`: the fault hits
 that many streaming requests after those, and the later ones pass (default: all of them).
 
@@ -48,7 +52,7 @@ from experiments.harness.server import Server
 
 MODULE = "tests.helpers.fault_proxy"
 FAULTS = ("none", "hang", "http_500", "error_event", "truncate", "null_event", "bad_json", "trickle", "delay",
-          "pace")
+          "pace", "idle_close")
 ERROR_EVENT = {"error": {"object": "error", "message": "injected fault", "type": "InternalServerError", "code": 500}}
 DONE = b"data: [DONE]\n\n"
 
@@ -60,6 +64,7 @@ class FaultProxy:
         self.streams = 0          # streaming requests since the fault was set
         self.rewrites: dict[str, dict] = {}   # path -> {dotted key: value} replaced in its JSON replies
         self.paced: list[list[dict]] = []     # `pace`: per stream, its token events' arrived_s, due_s, sent_s
+        self.replied: dict = {}               # client connection (transport) -> when its last reply ended
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -92,7 +97,21 @@ class FaultProxy:
         return web.json_response(rule)
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
-        arrived = asyncio.get_running_loop().time()
+        loop, transport = asyncio.get_running_loop(), request.transport
+        arrived = loop.time()
+        last = self.replied.pop(transport, None)
+        self.replied = {t: when for t, when in self.replied.items() if not t.is_closing()}
+        if self.fault["kind"] == "idle_close" and last is not None and arrived - last >= float(
+                self.fault.get("idle_s", 5.0)):
+            transport.close()   # no status line: the client sees its pooled connection closed under the request
+            return web.Response(status=499)
+        try:
+            return await self._forward(request, arrived)
+        finally:
+            if transport is not None and not transport.is_closing():
+                self.replied[transport] = loop.time()
+
+    async def _forward(self, request: web.Request, arrived: float) -> web.StreamResponse:
         body = await request.read()
         streaming = request.method == "POST" and _is_streaming(body)
         fault = self._fault_for(streaming)
@@ -120,7 +139,7 @@ class FaultProxy:
             return resp
 
     def _fault_for(self, streaming: bool) -> dict:
-        if not streaming:
+        if not streaming or self.fault["kind"] == "idle_close":   # idle_close: in `forward`, before any of this
             return {"kind": "none"}
         self.streams += 1
         skip, times = int(self.fault.get("skip", 0)), self.fault.get("times")
