@@ -22,6 +22,13 @@ def site_args(cfg: DictConfig) -> list[str]:
     return [str(a) for a in cfg.site.engine_args.get(engine_name(cfg)) or []]
 
 
+def server_env(cfg: DictConfig) -> dict[str, str]:
+    """The engine server's environment from the config: engine.env, then site.env over it."""
+    env = {**(OmegaConf.to_container(cfg.engine.env, resolve=True) or {}),
+           **(OmegaConf.to_container(cfg.site.env, resolve=True) or {})}
+    return {str(k): str(v) for k, v in env.items()}
+
+
 def available_on_site(cfg: DictConfig) -> bool:
     return engine_name(cfg) in list(cfg.site.engines)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 
-from experiments.engines.config import engine_name, site_args
+from experiments.engines.config import engine_name, server_env, site_args
 from experiments.engines.served import Served, behaviour_settings
 from experiments.tracking.redact import redact_env
 
@@ -36,11 +36,9 @@ def pair_key(cfg: DictConfig, engine_version: str, prompts_digest: str) -> str:
     server flag other than speculation, the engine's environment (engine.env and site.env; a secret-named value
     counts by name only), the pinned engine limits, and the whole workload including the loaded prompts'
     content."""
-    env = {**(OmegaConf.to_container(cfg.engine.env, resolve=True) or {}),
-           **(OmegaConf.to_container(cfg.site.env, resolve=True) or {})}
     ident = {"site": cfg.site.name, "model": cfg.model.name, "model_path": str(cfg.model.path),
              "engine": engine_name(cfg), "engine_version": engine_version, "engine_module": str(cfg.engine.module),
-             "engine_python": str(cfg.engine.python), "engine_env": redact_env({k: str(v) for k, v in env.items()}),
+             "engine_python": str(cfg.engine.python), "engine_env": redact_env(server_env(cfg)),
              "site_args": site_args(cfg), "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
              "limits": OmegaConf.to_container(cfg.limits, resolve=True) if cfg.get("limits") else None,
              **_workload_ident(cfg, prompts_digest)}

