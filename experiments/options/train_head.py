@@ -14,7 +14,7 @@ from experiments.harness.measure import console
 from experiments.harness.pipeline import PostRun, measure_option
 from experiments.harness.prepare import PreparedWorkload
 from experiments.tracking.runs import open_run
-from experiments.tracking.store import flatten
+from experiments.tracking.store import flatten, log_inputs
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -87,7 +87,7 @@ def log_data_split(client: MlflowClient, run_id: str, manifest: Path, split: Pat
             digest = info[f"{side}_ids_sha256"][:36]
             dataset = mlflow.data.from_pandas(part, source=source, name=f"sharegpt-{side}", digest=digest)
             inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)]))
-    client.log_inputs(run_id, datasets=inputs)
+    log_inputs(client, run_id, inputs)
 
 
 def _as_evaluation(cfg: DictConfig, training_run_id: str) -> DictConfig:

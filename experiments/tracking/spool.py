@@ -33,7 +33,7 @@ from experiments.tracking.offline_store import OfflineClient
 from experiments.tracking.processes import same_process
 from experiments.tracking.records import read_jsonl
 from experiments.tracking.redact import redact_text
-from experiments.tracking.store import log_params
+from experiments.tracking.store import log_inputs, log_params
 
 console = Console(stderr=True)
 WRITES = ("log_batch", "log_metric", "log_param", "set_tag", "set_terminated", "log_dict", "log_text", "log_figure",
@@ -206,7 +206,7 @@ def _replay(client: Any, root: Path, meta: dict) -> None:
     if (folder / "inputs.jsonl").exists():   # DatasetInput.from_dictionary leaves its parts as dicts
         inputs = [DatasetInput(Dataset.from_dictionary(d["dataset"]), [InputTag(k, v) for k, v in d["tags"].items()])
                   for d in read_jsonl(folder / "inputs.jsonl")]
-        client.log_inputs(run_id, datasets=inputs)
+        log_inputs(client, run_id, inputs)
     if meta["status"] != "RUNNING":
         client.set_terminated(run_id, meta["status"], end_time=meta["end_time"])
 

@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 import warnings
 from collections import namedtuple
 from importlib import metadata
@@ -26,6 +27,7 @@ except ImportError:  # a host without MLflow (the H200 host) records into the of
     Param = namedtuple("Param", "key value")
 
 PARENT_ENV = "SPECWS_PARENT_RUN_ID"
+DATASET_WRITE_TRIES = 4
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -113,4 +115,23 @@ def log_prompt_dataset(client, run_id: str, name: str, source: str, rows: list[d
         warnings.simplefilter("ignore")
         dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=source, name=name, digest=digest[:36])
         entity = dataset._to_mlflow_entity()
-    client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "measured")])])
+    log_inputs(client, run_id, [DatasetInput(entity, tags=[InputTag("mlflow.data.context", "measured")])])
+
+
+def log_inputs(client, run_id: str, inputs: list) -> None:
+    """`client.log_inputs`, tried again when it lost a race for a dataset's row: MLflow's SQL store looks a dataset
+    up and inserts it if missing, so two runs logging the same new prompt set at once (two runners of a team) collide
+    on its unique key and the loser's write is rolled back whole; tried again, it finds the winner's row."""
+    for attempt in range(1, DATASET_WRITE_TRIES + 1):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except Exception as exc:  # noqa: BLE001 - MlflowException or RestException, by store; re-raised unless a race
+            if attempt == DATASET_WRITE_TRIES or not _lost_dataset_race(exc):
+                raise
+            time.sleep(0.25 * attempt)
+
+
+def _lost_dataset_race(exc: Exception) -> bool:
+    text = str(exc)
+    return "UniqueViolation" in text or "UNIQUE constraint failed" in text or "Duplicate entry" in text

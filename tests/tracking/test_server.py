@@ -72,6 +72,37 @@ def test_runners_creating_the_experiment_at_once_all_get_it(server) -> None:
     assert errors == [] and len(ids) == 6 and len(set(ids)) == 1
 
 
+def _log_dataset_at_once(client: MlflowClient, run_ids: list[str], digest: str) -> list[Exception]:
+    start, errors = threading.Barrier(len(run_ids)), []
+
+    def runner(run_id: str) -> None:
+        start.wait()
+        try:
+            log_prompt_dataset(client, run_id, "smoke", "grounded", [{"id": "p1", "text": "hi"}], digest)
+        except Exception as exc:  # noqa: BLE001 - collected, asserted by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=runner, args=(r,)) for r in run_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_runners_logging_one_new_prompt_set_at_once_all_record_it(server) -> None:
+    """The server looks a dataset up and inserts it if missing: runners starting on the same new prompt set at once
+    collide on its unique key (CI saw it with two runners); each run still ends with the one dataset as its input."""
+    client = MlflowClient(server.uri)
+    exp = runs._experiment_id(client, server_cfg(server.uri, "one-prompt-set"))
+    for round_ in range(4):   # a new digest each round: a new row to race for
+        run_ids = [client.create_run(exp).info.run_id for _ in range(6)]
+        errors = _log_dataset_at_once(client, run_ids, f"{round_}" * 40)
+        assert errors == []
+        inputs = {r: client.get_run(r).inputs.dataset_inputs for r in run_ids}
+        assert all(len(i) == 1 and i[0].dataset.digest == f"{round_}" * 36 for i in inputs.values())
+
+
 @pytest.fixture(scope="module")
 def outage(server, tmp_path_factory) -> dict:
     """One outage of the MLflow server, seen by three runs of this process: `done` writes metrics, a tag, the
