@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from experiments.eagle3.head import Eagle3Head, HeadConfig
+from experiments.engines.head_layout import head_layout
 
 EXPECTED_TENSORS = sorted(
     ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"]
@@ -31,13 +32,8 @@ EXPECTED_TENSORS = sorted(
 
 
 def head_config_json(c: HeadConfig, engine: str = "vllm", dtype: str = "bfloat16") -> dict:
-    if engine not in ("vllm", "sglang"):
-        raise ValueError(f"engine must be vllm or sglang, not {engine!r}")
-    # the engines' conventions are repeated here, not asked of experiments.engines: this runs on the H200 host and in
-    # vLLM's environment, which have no OmegaConf (the adapters' package imports it)
-    ids = [int(i) - (1 if engine == "sglang" else 0) for i in c.aux_layer_ids]
-    if min(ids) < 0:
-        raise ValueError(f"aux layer ids {list(c.aux_layer_ids)} cannot be expressed for SGLang (id 0 = embeddings)")
+    layout = head_layout(engine)
+    ids = layout.aux_layer_ids(c.aux_layer_ids)
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -60,8 +56,7 @@ def head_config_json(c: HeadConfig, engine: str = "vllm", dtype: str = "bfloat16
         "target_hidden_size": c.hidden_size,
         "torch_dtype": dtype,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-        "specws_aux_layer_convention": f"{engine}: " + ("id k = input of target layer k (hidden_states[k])"
-                                                        if engine == "vllm" else "id k = output of target layer k"),
+        "specws_aux_layer_convention": layout.convention,
     }
 
 

@@ -1,10 +1,14 @@
 """Engine adapters: the only place where SGLang and vLLM differ (flags, requests, metrics)."""
 from __future__ import annotations
 
-from experiments.engines.base import EngineAdapter, RequestAcceptance
+from typing import TYPE_CHECKING
+
 from experiments.engines.limits import limits_mismatch
 
-__all__ = ["EngineAdapter", "RequestAcceptance", "adapter_for", "limits_mismatch"]
+if TYPE_CHECKING:   # the adapters import OmegaConf; head_layout and limits are imported where it is missing
+    from experiments.engines.base import EngineAdapter
+
+__all__ = ["adapter_for", "limits_mismatch"]
 
 
 def adapter_for(name: str) -> EngineAdapter:

@@ -186,6 +186,12 @@ class EngineAdapter(ABC):
         from experiments.engines.speculation import Speculation
         return Speculation()
 
+    @property
+    def head_layout(self):
+        """How the engine reads an EAGLE-3 head's aux layer ids (experiments/engines/head_layout.py)."""
+        from experiments.engines.head_layout import head_layout
+        return head_layout(self.name)
+
     def args_for_installed_version(self, python: str, args: list[str]) -> list[str]:
         """`args` spelled as the release that `python` imports knows them (flags renamed between releases)."""
         return args

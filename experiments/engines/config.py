@@ -6,7 +6,8 @@ import os
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.engines import EngineAdapter, adapter_for
+from experiments.engines import adapter_for
+from experiments.engines.base import EngineAdapter
 
 
 def engine_name(cfg: DictConfig) -> str:
