@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from experiments.analysis.recommend_rows import NO_SPECULATION, Candidate, Decision
+from experiments.config.views import spec_view
 from experiments.engines import adapter_for
 
 ENGINES = ("sglang", "vllm")
@@ -26,8 +25,6 @@ SGLANG_ADAPTIVE = "sglang/srt/speculative/adaptive_spec_params.py:61 (EAGLE/EAGL
 LENGTH_KEYS = ("num_draft_tokens", "num_steps")
 
 
-def _cfg(spec: dict[str, Any]):
-    return OmegaConf.create({"spec": spec})
 
 
 def choice_flags(spec: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -37,9 +34,9 @@ def choice_flags(spec: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
         return {name: {"flags": [], "not_passed": []} for name in ENGINES}
     out = {}
     for name in ENGINES:
-        adapter = adapter_for(name)
-        out[name] = {"flags": [str(a) for a in adapter.spec_args(_cfg(spec))],
-                     "not_passed": list(adapter.unused_knob_reasons(_cfg(spec)).values())}
+        adapter, view = adapter_for(name), spec_view(spec)
+        out[name] = {"flags": [str(a) for a in adapter.spec_args(view)],
+                     "not_passed": list(adapter.unused_knob_reasons(view).values())}
     return out
 
 

@@ -143,6 +143,28 @@ class SiteView:
 
 
 @dataclass(frozen=True)
+class ModelView:
+    """What the engine is told about the served model."""
+    name: str
+    path: str
+    max_model_len: int | None = None
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("model", max_model_len=self.max_model_len)
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """How the engine's server is started: its interpreter, entry module and the flags given as they are."""
+    name: str
+    python: str
+    module: str
+    health_path: str = "/health"
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class LimitsView:
     max_running_requests: int | None = None
 
@@ -208,6 +230,27 @@ class RunView:
     health_path: str = "/health"
 
 
+@dataclass(frozen=True)
+class LaunchView:
+    """Everything one server launch reads, typed (built by experiments.engines.config.launch_view_of): the engine
+    adapters take these parts, never the config."""
+    engine: EngineView
+    model: ModelView
+    spec: SpecView
+    limits: LimitsView
+    site: str
+    site_args: list[str]                 # the site's flags for this engine
+    env: dict[str, str]                  # engine.env, then site.env over it
+    patches: list[str]                   # the SGLang patches the launcher applies (none for other engines)
+    forced_patches: list[str]
+    patch_env: dict[str, str]            # what those patches read
+
+    @property
+    def given_args(self) -> list[str]:
+        """Flags given as they are (the site's and engine.extra_args): a limit flag among them is not pinned again."""
+        return [*self.site_args, *self.engine.extra_args]
+
+
 def _typed(schema: type, node: DictConfig | None, section: str, **fixes: Any):
     """`node`'s keys that `schema` names, type-checked and converted by OmegaConf, then range-checked."""
     try:
@@ -227,8 +270,26 @@ def views_of(cfg: DictConfig) -> RunView:
                    spec=_typed(SpecView, cfg.spec, "spec"),
                    workload=_typed(WorkloadView, cfg.workload, "workload", concurrency=levels),
                    site=_typed(SiteView, cfg.site, "site"),
-                   limits=_typed(LimitsView, cfg.get("limits"), "limits"),
+                   limits=limits_view(cfg),
                    server=_typed(ServerView, cfg.get("server"), "server"),
                    baseline=_typed(BaselineView, cfg.get("baseline"), "baseline"),
                    run=_typed(RunModeView, cfg.get("run"), "run"),
                    health_path=str(OmegaConf.select(cfg, "engine.health_path", default="/health")))
+
+
+def spec_view(spec: DictConfig | dict[str, Any] | None) -> SpecView:
+    """`spec` (a config node, or a run's spec settings as a dict) as a SpecView; raises ConfigError."""
+    node = spec if isinstance(spec, DictConfig) or spec is None else OmegaConf.create(spec)
+    return _typed(SpecView, node, "spec")
+
+
+def model_view(cfg: DictConfig) -> ModelView:
+    return _typed(ModelView, cfg.model, "model")
+
+
+def engine_view(cfg: DictConfig) -> EngineView:
+    return _typed(EngineView, cfg.engine, "engine")
+
+
+def limits_view(cfg: DictConfig) -> LimitsView:
+    return _typed(LimitsView, cfg.get("limits"), "limits")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+if TYPE_CHECKING:
+    from experiments.config.views import LaunchView, LimitsView, ModelView, SpecView
+
 
 TOPK = 5  # log-probabilities asked for at a greedy divergence (bf16 often ties three ways)
 
@@ -166,19 +169,16 @@ class EngineAdapter(ABC):
     # (spec.method, knob) -> why the engine does not use it
     IGNORED_WHY: dict[tuple[str, str], str] = {}
 
-    def limit_args(self, cfg: DictConfig) -> list[str]:
-        """`cfg.limits` as this engine's flags, except a flag the site or engine.extra_args already give (that
+    def limit_args(self, limits: LimitsView, given: list[str]) -> list[str]:
+        """`limits` as this engine's flags, except a flag among `given` (the site's and engine.extra_args: that
         choice is explicit, and the same for the baseline)."""
-        limits = cfg.get("limits") or {}
-        given = {a.split("=", 1)[0] for a in self._given_args(cfg)}
+        given_flags = {a.split("=", 1)[0] for a in given}
         out: list[str] = []
         for key, flag in self.LIMIT_FLAGS.items():
-            if limits.get(key) is not None and flag not in given:
-                out += [flag, str(limits[key])]
+            value = getattr(limits, key)
+            if value is not None and flag not in given_flags:
+                out += [flag, str(value)]
         return out
-
-    def _given_args(self, cfg: DictConfig) -> list[str]:
-        return [str(a) for a in [*(cfg.site.engine_args.get(self.name) or []), *cfg.engine.extra_args]]
 
     @property
     def speculation(self):
@@ -196,7 +196,7 @@ class EngineAdapter(ABC):
         """`args` spelled as the release that `python` imports knows them (flags renamed between releases)."""
         return args
 
-    def launch_env(self, cfg: DictConfig, env: dict[str, str]) -> dict[str, str]:
+    def launch_env(self, launch: LaunchView, env: dict[str, str]) -> dict[str, str]:
         """Variables this engine's launch adds to `env` (the engine's and the site's)."""
         return {}
 
@@ -212,53 +212,49 @@ class EngineAdapter(ABC):
     def effective_limits(self, base_url: str, validation: Validation) -> dict[str, float | str]:
         """The limits the running server really uses (max running requests, batched tokens, context, ...)."""
 
-    def unused_knobs(self, cfg: DictConfig) -> list[str]:
+    def unused_knobs(self, spec: SpecView, patches: list[str]) -> list[str]:
         """Dotted names of the non-null spec settings this engine, method and release will not use."""
-        return list(self.unused_knob_reasons(cfg))
+        return list(self.unused_knob_reasons(spec, patches))
 
-    def unused_knob_reasons(self, cfg: DictConfig) -> dict[str, str]:
-        """{dotted name: 'name=value: why'} for every non-null spec setting the engine would ignore."""
-        spec, out = cfg.spec, {}
-        knobs = [*SPEC_KNOBS, *(f"ngram.{k}" for k in (spec.get("ngram") or {}))]
-        for knob in knobs:
-            value = OmegaConf.select(spec, knob)
-            why = None if value is None else self.knob_ignored(cfg, knob, value)
+    def unused_knob_reasons(self, spec: SpecView, patches: list[str] = ()) -> dict[str, str]:
+        """{dotted name: 'name=value: why'} for every non-null spec setting the engine would ignore; `patches` are
+        the SGLang patches the launch applies (the expert budget is read by one of them)."""
+        out = {}
+        values = {**{k: getattr(spec, k) for k in SPEC_KNOBS}, **{f"ngram.{k}": v for k, v in spec.ngram.items()}}
+        for knob, value in values.items():
+            why = None if value is None else self.knob_ignored(spec, knob, value)
             if why:
                 out[f"spec.{knob}"] = f"spec.{knob}={value}: {why}"
-        budget = spec.get("moe_expert_budget")
-        if budget is not None and "moe_budget" not in _patches(cfg):
-            out["spec.moe_expert_budget"] = (f"spec.moe_expert_budget={budget}: only the moe_budget patch reads it "
-                                             "(option E, on SGLang)")
+        if spec.moe_expert_budget is not None and "moe_budget" not in patches:
+            out["spec.moe_expert_budget"] = (f"spec.moe_expert_budget={spec.moe_expert_budget}: only the moe_budget "
+                                             "patch reads it (option E, on SGLang)")
         return out
 
-    def knob_ignored(self, cfg: DictConfig, knob: str, value: object) -> str | None:
-        """Why `spec.<knob>=value` is not used by this engine for `cfg.spec.method`, or None when it is."""
-        method = cfg.spec.method
-        if method == "none":
+    def knob_ignored(self, spec: SpecView, knob: str, value: object) -> str | None:
+        """Why `spec.<knob>=value` is not used by this engine for `spec.method`, or None when it is."""
+        if spec.method == "none":
             return NO_SPECULATION
-        if knob not in self.USED_KNOBS.get(method, frozenset()):
-            return self.IGNORED_WHY.get((method, knob), f"{self.name} is not given it for method {method}")
-        return self.value_ignored(cfg.spec, knob, value)
+        if knob not in self.USED_KNOBS.get(spec.method, frozenset()):
+            return self.IGNORED_WHY.get((spec.method, knob), f"{self.name} is not given it for method {spec.method}")
+        return self.value_ignored(spec, knob, value)
 
-    def value_ignored(self, spec: DictConfig, knob: str, value: object) -> str | None:
+    def value_ignored(self, spec: SpecView, knob: str, value: object) -> str | None:
         """A knob the engine takes, at a value it overrides by itself; None: used as given."""
         return None
 
     @abstractmethod
-    def model_args(self, cfg: DictConfig) -> list[str]: ...
+    def model_args(self, model: ModelView) -> list[str]: ...
 
-    def spec_args(self, cfg: DictConfig) -> list[str]:
-        """Flags for `cfg.spec.method`: none, ngram or eagle3."""
+    def spec_args(self, spec: SpecView) -> list[str]:
+        """Flags for `spec.method`: none, ngram or eagle3."""
         builders = {"none": lambda spec: [], "ngram": self.ngram_args, "eagle3": self.eagle3_args}
-        if cfg.spec.method not in builders:
-            raise ValueError(f"{self.name}: unknown speculative method {cfg.spec.method!r}; known: {sorted(builders)}")
-        return builders[cfg.spec.method](cfg.spec)
+        return builders[spec.method](spec)
 
     @abstractmethod
-    def ngram_args(self, spec: DictConfig) -> list[str]: ...
+    def ngram_args(self, spec: SpecView) -> list[str]: ...
 
     @abstractmethod
-    def eagle3_args(self, spec: DictConfig) -> list[str]: ...
+    def eagle3_args(self, spec: SpecView) -> list[str]: ...
 
     @abstractmethod
     def validate(self, python: str, args: list[str]) -> Validation:
@@ -298,7 +294,3 @@ class EngineAdapter(ABC):
         request or one the engine reports nothing for. The numbers are returned whether or not the run
         speculates: the caller knows its spec.method (a baseline run gives one token per step)."""
 
-
-def _patches(cfg: DictConfig) -> list[str]:
-    from experiments.engines.config import sglang_patches_for
-    return sglang_patches_for(cfg)

@@ -6,6 +6,7 @@ import os
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.config.views import LaunchView, engine_view, limits_view, model_view, spec_view
 from experiments.engines import adapter_for
 from experiments.engines.base import EngineAdapter
 
@@ -70,15 +71,24 @@ def patch_env(cfg: DictConfig, patches: list[str]) -> dict[str, str]:
     return env | ({DIR_ENV: str(cfg.spec.moe_telemetry_dir)} if "expert_telemetry" in patches else {})
 
 
-def sglang_launch_env(cfg: DictConfig, env: dict[str, str]) -> dict[str, str]:
+def launch_view_of(cfg: DictConfig) -> LaunchView:
+    """What one server launch reads, typed once: the adapters build the command line and environment from it.
+    Raises ConfigError naming a bad value."""
+    patches = sglang_patches_for(cfg)
+    return LaunchView(engine=engine_view(cfg), model=model_view(cfg), spec=spec_view(cfg.spec),
+                      limits=limits_view(cfg), site=str(cfg.site.name), site_args=site_args(cfg),
+                      env=server_env(cfg), patches=patches, forced_patches=forced_patches(cfg),
+                      patch_env=patch_env(cfg, patches))
+
+
+def sglang_launch_env(launch: LaunchView, env: dict[str, str]) -> dict[str, str]:
     """The patch launcher's environment in front of SGLang's entry point (engine.module=sglang_patches.launch):
     which patches, the site, the PYTHONPATH it extends, and what the patches read; none otherwise."""
-    if cfg.engine.module != "sglang_patches.launch":
+    if launch.engine.module != "sglang_patches.launch":
         return {}
     from sglang_patches.launch import launcher_env
-    patches = sglang_patches_for(cfg)
     pythonpath = str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", ""))
-    return launcher_env(patches, cfg.site.name, pythonpath, forced_patches(cfg)) | patch_env(cfg, patches)
+    return launcher_env(launch.patches, launch.site, pythonpath, launch.forced_patches) | launch.patch_env
 
 
 def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:

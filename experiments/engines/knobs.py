@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.paths import ROOT
+from experiments.config.views import ConfigError, spec_view
 from experiments.engines import adapter_for
 
 OPTIONS = ROOT / "conf" / "option"
@@ -15,8 +16,13 @@ def refuse_unused_knobs(cfg: DictConfig) -> None:
     the option overlay itself makes (e.g. option E's EAGLE steps when the model drafts with NGRAM) are the
     option's, not the user's: they are left to the option (and still listed by EngineAdapter.unused_knobs)."""
     from experiments.config.errors import Refused
+    from experiments.engines.config import sglang_patches_for
 
-    reasons = adapter_for(cfg.engine.name).unused_knob_reasons(cfg)
+    try:
+        spec = spec_view(cfg.spec)
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
+    reasons = adapter_for(cfg.engine.name).unused_knob_reasons(spec, sglang_patches_for(cfg))
     users = [why for knob, why in reasons.items() if not _set_by_option(cfg, knob)]
     if users:
         raise Refused(f"{cfg.engine.name} would not use these settings: " + "; ".join(users))

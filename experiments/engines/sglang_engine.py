@@ -8,8 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from experiments.engines.base import (
     TOPK,
@@ -23,6 +22,9 @@ from experiments.engines.base import (
 )
 from experiments.engines.limits import get_json, scalar
 from experiments.engines.sglang_versions import flags_for_version, installed_sglang
+
+if TYPE_CHECKING:
+    from experiments.config.views import LaunchView, ModelView, SpecView
 
 CHECK_SCRIPT = Path(__file__).with_name("sglang_check.py")
 
@@ -68,10 +70,10 @@ class SGLangAdapter(EngineAdapter):
         from experiments.engines.speculation import SGLangSpeculation
         return SGLangSpeculation()
 
-    def launch_env(self, cfg: DictConfig, env: dict[str, str]) -> dict[str, str]:
+    def launch_env(self, launch: LaunchView, env: dict[str, str]) -> dict[str, str]:
         """The SGLang patch launcher's (experiments/engines/config.py sglang_launch_env)."""
         from experiments.engines.config import sglang_launch_env
-        return sglang_launch_env(cfg, env)
+        return sglang_launch_env(launch, env)
 
     def read_served(self, url: str):
         from experiments.engines.served import read_sglang
@@ -81,7 +83,7 @@ class SGLangAdapter(EngineAdapter):
                   "eagle3": frozenset({"draft_model", "num_steps", "topk", "num_draft_tokens"})}
     IGNORED_WHY = SGLANG_IGNORED
 
-    def value_ignored(self, spec: DictConfig, knob: str, value: object) -> str | None:
+    def value_ignored(self, spec: SpecView, knob: str, value: object) -> str | None:
         """EAGLE with topk 1: SGLang verifies num_steps + 1 tokens whatever --speculative-num-draft-tokens says."""
         if (spec.method, knob) == ("eagle3", "num_draft_tokens") and spec.topk == 1 and spec.num_steps is not None \
                 and int(value) != int(spec.num_steps) + 1:
@@ -104,12 +106,12 @@ class SGLangAdapter(EngineAdapter):
         info = get_json(f"{base_url}/server_info") or get_json(f"{base_url}/get_server_info") or {}
         return server_info_limits(info)
 
-    def model_args(self, cfg: DictConfig) -> list[str]:
-        args = ["--model-path", str(cfg.model.path), "--served-model-name", cfg.model.name,
-                "--context-length", str(cfg.model.max_model_len), "--enable-metrics"]
-        return args + (["--trust-remote-code"] if cfg.model.trust_remote_code else [])
+    def model_args(self, model: ModelView) -> list[str]:
+        args = ["--model-path", str(model.path), "--served-model-name", model.name,
+                "--context-length", str(model.max_model_len), "--enable-metrics"]
+        return args + (["--trust-remote-code"] if model.trust_remote_code else [])
 
-    def ngram_args(self, spec: DictConfig) -> list[str]:
+    def ngram_args(self, spec: SpecView) -> list[str]:
         """A null spec.ngram setting is left to SGLang's own default (0.5.14 / 0.5.23: min_bfs_breadth 1,
         max_bfs_breadth 10, max_trie_depth 18; before 0.5.10 the trie depth was branch_length, also 18)."""
         args = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
@@ -118,7 +120,7 @@ class SGLangAdapter(EngineAdapter):
                 args += [flag, str(spec.ngram[key])]
         return args
 
-    def eagle3_args(self, spec: DictConfig) -> list[str]:
+    def eagle3_args(self, spec: SpecView) -> list[str]:
         return ["--speculative-algorithm", "EAGLE3",
                 "--speculative-draft-model-path", str(spec.draft_model),
                 "--speculative-num-steps", str(spec.num_steps),

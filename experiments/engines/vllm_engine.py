@@ -7,8 +7,8 @@ import socket
 import subprocess
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig
 from prometheus_client.parser import text_string_to_metric_families
 
 from experiments.engines.base import (
@@ -23,6 +23,9 @@ from experiments.engines.base import (
     checked_event,
 )
 from experiments.engines.limits import get_json, scalar
+
+if TYPE_CHECKING:
+    from experiments.config.views import ModelView, SpecView
 
 CHECK_SCRIPT = Path(__file__).with_name("vllm_check.py")
 CHECKER_ENV = "SPECWS_VLLM_CHECKER"   # a Unix socket where `vllm_check.py --serve` answers checks
@@ -69,7 +72,7 @@ class VLLMAdapter(EngineAdapter):
                   "eagle3": frozenset({"draft_model", "num_steps", "topk", "num_draft_tokens"})}
     IGNORED_WHY = VLLM_IGNORED
 
-    def value_ignored(self, spec: DictConfig, knob: str, value: object) -> str | None:
+    def value_ignored(self, spec: SpecView, knob: str, value: object) -> str | None:
         """vLLM's EAGLE-3 as configured here is a chain of spec.num_steps drafts, verified as num_steps + 1."""
         if spec.method != "eagle3" or spec.num_steps is None:
             return None
@@ -89,11 +92,11 @@ class VLLMAdapter(EngineAdapter):
         models = (get_json(f"{base_url}/v1/models") or {}).get("data") or [{}]
         return {"max_model_len": float(models[0]["max_model_len"])} if models[0].get("max_model_len") else {}
 
-    def model_args(self, cfg: DictConfig) -> list[str]:
-        args = ["--model", str(cfg.model.path), "--served-model-name", cfg.model.name]
-        return args + (["--trust-remote-code"] if cfg.model.trust_remote_code else [])
+    def model_args(self, model: ModelView) -> list[str]:
+        args = ["--model", str(model.path), "--served-model-name", model.name]
+        return args + (["--trust-remote-code"] if model.trust_remote_code else [])
 
-    def ngram_args(self, spec: DictConfig) -> list[str]:
+    def ngram_args(self, spec: SpecView) -> list[str]:
         """A null spec.ngram.min_match / max_match is left to vLLM's own default (0.32, SpeculativeConfig:
         both null -> 5 and 5; one null -> the other's value)."""
         conf = {"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens}
@@ -102,7 +105,7 @@ class VLLMAdapter(EngineAdapter):
                 conf[name] = spec.ngram[key]
         return ["--speculative-config", json.dumps(conf), *PER_REQUEST_METRICS]
 
-    def eagle3_args(self, spec: DictConfig) -> list[str]:
+    def eagle3_args(self, spec: SpecView) -> list[str]:
         conf = {"method": "eagle3", "model": str(spec.draft_model), "num_speculative_tokens": spec.num_steps}
         return ["--speculative-config", json.dumps(conf), *PER_REQUEST_METRICS]
 

@@ -10,13 +10,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from experiments.engines.config import (
-    adapter_of,
-    engine_name,
-    server_env,
-    sglang_patches_for,
-    site_args,
-)
+from experiments.engines import adapter_for
+from experiments.engines.config import launch_view_of
 from experiments.tracking.redact import redact_env, redact_text
 
 
@@ -50,15 +45,17 @@ class LaunchSpec:
 
 
 def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
-    adapter = adapter_of(cfg)
-    args = [str(a) for a in [*adapter.model_args(cfg), *site_args(cfg), *adapter.spec_args(cfg), *cfg.engine.extra_args,
-                             *adapter.limit_args(cfg)]]   # the same limits on every command line, baseline included
+    """The server's command line and environment, built by the engine's adapter from the typed launch view."""
+    launch = launch_view_of(cfg)
+    adapter = adapter_for(launch.engine.name)
+    args = [str(a) for a in [*adapter.model_args(launch.model), *launch.site_args, *adapter.spec_args(launch.spec),
+                             *launch.engine.extra_args,   # the same limits on every command line, baseline included
+                             *adapter.limit_args(launch.limits, launch.given_args)]]
     # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
-    args = adapter.args_for_installed_version(cfg.engine.python, args)
-    env = server_env(cfg)
-    env |= adapter.launch_env(cfg, env)
-    patches = sglang_patches_for(cfg)
-    return LaunchSpec(engine=engine_name(cfg), python=cfg.engine.python, module=cfg.engine.module,
+    args = adapter.args_for_installed_version(launch.engine.python, args)
+    env = dict(launch.env)
+    env |= adapter.launch_env(launch, env)
+    return LaunchSpec(engine=launch.engine.name, python=launch.engine.python, module=launch.engine.module,
                       args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},
-                      health_path=cfg.engine.health_path, model_path=str(cfg.model.path),
-                      extra={"sglang_patches": patches})
+                      health_path=launch.engine.health_path, model_path=launch.model.path,
+                      extra={"sglang_patches": launch.patches})

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import compose_cfg
 
+from experiments.config.views import spec_view
 from experiments.engines import adapter_for
+from experiments.engines.config import sglang_patches_for
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.harness.preflight import Refused, check_option
 
@@ -64,7 +66,8 @@ def test_option_owned_settings_are_still_listed_as_unused() -> None:
     """Option E drafts with NGRAM on the small MoE but carries its EAGLE steps: not the user's, not refused,
     still named by the adapter (a fix belongs in conf/option/E.yaml)."""
     cfg = compose_cfg("+option=E", "site=h200", "model=tiny_moe_dsv3")
-    assert adapter_for("sglang").unused_knobs(cfg) == ["spec.num_steps", "spec.topk", "spec.draft_model"]
+    unused = adapter_for("sglang").unused_knobs(spec_view(cfg.spec), sglang_patches_for(cfg))
+    assert unused == ["spec.num_steps", "spec.topk", "spec.draft_model"]
 
 
 def test_dry_runs_are_refused_too() -> None:
