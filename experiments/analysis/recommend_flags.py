@@ -15,9 +15,9 @@ from typing import Any
 
 from experiments.analysis.recommend_rows import NO_SPECULATION, Candidate, Decision
 from experiments.config.views import spec_view
-from experiments.engines import adapter_for
+from experiments.engines import ENGINE_NAMES, adapter_for
 
-ENGINES = ("sglang", "vllm")
+ENGINES = ENGINE_NAMES
 ADAPTIVE_FILE = "sglang-adaptive.json"
 VLLM_SCHEDULE = "vllm/config/speculative.py:491 (num_speculative_tokens_per_batch_size)"
 SGLANG_ADAPTIVE = "sglang/srt/speculative/adaptive_spec_params.py:61 (EAGLE/EAGLE3 only), :75 (topk 1 only)"

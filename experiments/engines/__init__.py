@@ -8,14 +8,16 @@ from experiments.engines.limits import limits_mismatch
 if TYPE_CHECKING:   # the adapters import OmegaConf; head_layout and limits are imported where it is missing
     from experiments.engines.base import EngineAdapter
 
-__all__ = ["adapter_for", "limits_mismatch"]
+__all__ = ["ENGINE_NAMES", "adapter_for", "limits_mismatch"]
+
+ENGINE_NAMES = ("sglang", "vllm")   # the registry's engines, one adapter each (adapter_for)
 
 
 def adapter_for(name: str) -> EngineAdapter:
     from experiments.engines.sglang_engine import SGLangAdapter
     from experiments.engines.vllm_engine import VLLMAdapter
 
-    adapters = {"vllm": VLLMAdapter, "sglang": SGLangAdapter}
+    adapters = dict(zip(ENGINE_NAMES, (SGLangAdapter, VLLMAdapter), strict=True))
     if name not in adapters:
         raise ValueError(f"unknown engine {name!r}; known: {sorted(adapters)}")
     return adapters[name]()
