@@ -271,16 +271,24 @@ def test_option_e_refusals():
     check_option(_compose("+option=E", "site=h200", "model=tiny_moe_dsv3"))   # served: tests/options/test_option_e.py
 
 
+# A reduced build where the full one (`python -m experiments.moe.build`: 1024 SmolLM2 answers, 240 steps, ~15 min)
+# is missing, as in CI: 128 answers and 60 steps (about 90 s with the answers) give a model whose greedy tokens lead
+# the next by more than the tolerance (median 1.1 on these prompts), so an engine that routes or computes the MoE
+# wrongly picks other tokens (checked in the test, not assumed)
+REDUCED_BUILD = dict(num_prompts=128, steps=60, threads=2)
+TOLERANCE = 0.25          # bf16 serving against the fp32 reference
+DECISIVE_SHARE = 0.9      # of greedy tokens leading the next by more than the tolerance (reduced build: all of 48)
+
+
 @pytest.fixture(scope="module")
-def small_moe() -> Path:
-    """The built small MoE. bin/setup does not build it (~12 min of distillation on one CPU thread, after 1024
-    SmolLM2 answers: CI would take 15 min longer), and a random one would serve near-uniform logits that no
-    engine could get wrong (top-2 gap median 0.035, all under the 0.25 tolerance): where it is missing the test
-    is skipped, naming the command that builds it."""
-    if not (model_dir() / "build.json").exists():
-        pytest.skip(f"the small MoE is not built ({model_dir() / 'build.json'} is missing; bin/setup does not "
-                    "build it): run `.venv/bin/python -m experiments.moe.build`")
-    return model_dir()
+def small_moe(tmp_path_factory) -> Path:
+    """The built small MoE, or a reduced build of it made here (a random one would serve near-uniform logits that
+    no engine could get wrong: top-2 gap median 0.035, all under the tolerance)."""
+    if (model_dir() / "build.json").exists():
+        return model_dir()
+    from experiments.moe.build import BuildSettings, build
+
+    return build(BuildSettings(**REDUCED_BUILD), out=tmp_path_factory.mktemp("small-moe"), progress=lambda m: None)
 
 
 @pytest.mark.slow
@@ -312,11 +320,18 @@ def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path, embedded_ready, small_m
     finally:
         server.stop()
     model = load_model(small_moe)
+    margins = []
     for ids, out in zip(prompts, outputs, strict=True):
         assert len(out) == 16
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1: -1]
         top2 = logits.topk(2, dim=-1)
+        margins += (top2.values[:, 0] - top2.values[:, 1]).tolist()
         for pos, tok in enumerate(out):
             gap = float(top2.values[pos, 0] - logits[pos, tok])
-            assert gap <= 0.25, f"vLLM token {tok} at {pos} is {gap:.3f} below HF's top-1 {int(top2.indices[pos, 0])}"
+            assert gap <= TOLERANCE, (f"vLLM token {tok} at {pos} is {gap:.3f} below HF's top-1 "
+                                      f"{int(top2.indices[pos, 0])}")
+    # the check could have failed: most greedy tokens lead the next one by more than the tolerance (a random model's
+    # lead none of them), so a wrongly computed MoE shows as another token
+    share = float((torch.tensor(margins) > TOLERANCE).float().mean())
+    assert share >= DECISIVE_SHARE, f"near-uniform logits: top-2 margins {sorted(margins)}"
