@@ -17,7 +17,6 @@ from experiments.analysis.recommend_rows import NO_SPECULATION, Candidate, Decis
 from experiments.config.views import spec_view
 from experiments.engines import ENGINE_NAMES, adapter_for
 
-ENGINES = ENGINE_NAMES
 ADAPTIVE_FILE = "sglang-adaptive.json"
 VLLM_SCHEDULE = "vllm/config/speculative.py:491 (num_speculative_tokens_per_batch_size)"
 SGLANG_ADAPTIVE = "sglang/srt/speculative/adaptive_spec_params.py:61 (EAGLE/EAGLE3 only), :75 (topk 1 only)"
@@ -25,16 +24,14 @@ SGLANG_ADAPTIVE = "sglang/srt/speculative/adaptive_spec_params.py:61 (EAGLE/EAGL
 LENGTH_KEYS = ("num_draft_tokens", "num_steps")
 
 
-
-
 def choice_flags(spec: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """engine -> {flags, not_passed}: the adapter's speculative flags for `spec` (None: no speculation, no flags)
     and why each setting it leaves out is left out."""
     if spec is None:
-        return {name: {"flags": [], "not_passed": []} for name in ENGINES}
-    out = {}
-    for name in ENGINES:
-        adapter, view = adapter_for(name), spec_view(spec)
+        return {name: {"flags": [], "not_passed": []} for name in ENGINE_NAMES}
+    view, out = spec_view(spec), {}
+    for name in ENGINE_NAMES:
+        adapter = adapter_for(name)
         out[name] = {"flags": [str(a) for a in adapter.spec_args(view)],
                      "not_passed": list(adapter.unused_knob_reasons(view).values())}
     return out

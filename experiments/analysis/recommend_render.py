@@ -6,7 +6,7 @@ import shlex
 from html import escape
 from typing import Any
 
-from experiments.analysis.recommend_flags import ENGINES
+from experiments.engines import ENGINE_NAMES
 
 LOAD_HEAD = ("load", "choice", "status", "speedup [95 % CI]", "prompts", "not separated from", "further prompts",
              "reason")
@@ -66,7 +66,7 @@ def _flag_lines(flags: dict[str, dict]) -> list[str]:
 def _engine_lines(s: dict[str, Any]) -> list[str]:
     """Per engine, the one deployment that follows the schedule, or why none can."""
     out = []
-    for engine in ENGINES:
+    for engine in ENGINE_NAMES:
         e = s[engine]
         if e["flags"] is None:
             out.append(f"{engine}: one deployment cannot follow the schedule — {e['why']}")

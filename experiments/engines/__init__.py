@@ -1,12 +1,8 @@
 """Engine adapters: the only place where SGLang and vLLM differ (flags, requests, metrics)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from experiments.engines.base import EngineAdapter
 from experiments.engines.limits import limits_mismatch
-
-if TYPE_CHECKING:   # the adapters import OmegaConf; head_layout and limits are imported where it is missing
-    from experiments.engines.base import EngineAdapter
 
 __all__ = ["ENGINE_NAMES", "adapter_for", "limits_mismatch"]
 

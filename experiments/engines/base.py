@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from experiments.config.views import LaunchView, LimitsView, ModelView, SpecView
+    from collections.abc import Sequence
 
+    from experiments.config.views import LaunchView, LimitsView, ModelView, SpecView
 
 TOPK = 5  # log-probabilities asked for at a greedy divergence (bf16 often ties three ways)
 
@@ -212,11 +213,11 @@ class EngineAdapter(ABC):
     def effective_limits(self, base_url: str, validation: Validation) -> dict[str, float | str]:
         """The limits the running server really uses (max running requests, batched tokens, context, ...)."""
 
-    def unused_knobs(self, spec: SpecView, patches: list[str]) -> list[str]:
+    def unused_knobs(self, spec: SpecView, patches: Sequence[str]) -> list[str]:
         """Dotted names of the non-null spec settings this engine, method and release will not use."""
         return list(self.unused_knob_reasons(spec, patches))
 
-    def unused_knob_reasons(self, spec: SpecView, patches: list[str] = ()) -> dict[str, str]:
+    def unused_knob_reasons(self, spec: SpecView, patches: Sequence[str] = ()) -> dict[str, str]:
         """{dotted name: 'name=value: why'} for every non-null spec setting the engine would ignore; `patches` are
         the SGLang patches the launch applies (the expert budget is read by one of them)."""
         out = {}

@@ -2,8 +2,6 @@
 the run tags that record them. Outside the adapters, the only place that reads the engine's name."""
 from __future__ import annotations
 
-import os
-
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.views import LaunchView, engine_view, limits_view, model_view, spec_view
@@ -79,16 +77,6 @@ def launch_view_of(cfg: DictConfig) -> LaunchView:
                       limits=limits_view(cfg), site=str(cfg.site.name), site_args=site_args(cfg),
                       env=server_env(cfg), patches=patches, forced_patches=forced_patches(cfg),
                       patch_env=patch_env(cfg, patches))
-
-
-def sglang_launch_env(launch: LaunchView, env: dict[str, str]) -> dict[str, str]:
-    """The patch launcher's environment in front of SGLang's entry point (engine.module=sglang_patches.launch):
-    which patches, the site, the PYTHONPATH it extends, and what the patches read; none otherwise."""
-    if launch.engine.module != "sglang_patches.launch":
-        return {}
-    from sglang_patches.launch import launcher_env
-    pythonpath = str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", ""))
-    return launcher_env(launch.patches, launch.site, pythonpath, launch.forced_patches) | launch.patch_env
 
 
 def moe_budget_tags(cfg: DictConfig, patches: list[str]) -> dict[str, str]:

@@ -71,9 +71,13 @@ class SGLangAdapter(EngineAdapter):
         return SGLangSpeculation()
 
     def launch_env(self, launch: LaunchView, env: dict[str, str]) -> dict[str, str]:
-        """The SGLang patch launcher's (experiments/engines/config.py sglang_launch_env)."""
-        from experiments.engines.config import sglang_launch_env
-        return sglang_launch_env(launch, env)
+        """The patch launcher's environment in front of SGLang's entry point (engine.module=sglang_patches.launch):
+        which patches, the site, the PYTHONPATH it extends, and what the patches read; none otherwise."""
+        if launch.engine.module != "sglang_patches.launch":
+            return {}
+        from sglang_patches.launch import launcher_env
+        pythonpath = str(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", ""))
+        return launcher_env(launch.patches, launch.site, pythonpath, launch.forced_patches) | launch.patch_env
 
     def read_served(self, url: str):
         from experiments.engines.served import read_sglang

@@ -48,9 +48,9 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     """The server's command line and environment, built by the engine's adapter from the typed launch view."""
     launch = launch_view_of(cfg)
     adapter = adapter_for(launch.engine.name)
+    # the limits go on every command line, baseline included
     args = [str(a) for a in [*adapter.model_args(launch.model), *launch.site_args, *adapter.spec_args(launch.spec),
-                             *launch.engine.extra_args,   # the same limits on every command line, baseline included
-                             *adapter.limit_args(launch.limits, launch.given_args)]]
+                             *launch.engine.extra_args, *adapter.limit_args(launch.limits, launch.given_args)]]
     # Engines whose flag names change between releases (SGLang) spell them as the serving interpreter's release does.
     args = adapter.args_for_installed_version(launch.engine.python, args)
     env = dict(launch.env)

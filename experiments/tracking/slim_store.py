@@ -16,17 +16,13 @@ from pathlib import Path
 DROPPED = ("*.png",)
 
 
-def _opener(path: Path):
-    return tarfile.open(path, "r:*")
-
-
 def slim(archive: Path, out: Path | None = None, dropped: tuple[str, ...] = DROPPED) -> dict[str, int]:
     """Write `archive` without the members matching `dropped` to `out` (default: the same name, .tar.xz);
     returns the sizes before and after and how many members were dropped."""
     out = out or archive.with_name(archive.name.split(".tar")[0] + ".tar.xz")
     tmp = out.with_name(out.name + ".tmp")
     before, removed = archive.stat().st_size, 0
-    with _opener(archive) as src, lzma.open(tmp, "wb", preset=9 | lzma.PRESET_EXTREME) as raw, \
+    with tarfile.open(archive, "r:*") as src, lzma.open(tmp, "wb", preset=9 | lzma.PRESET_EXTREME) as raw, \
             tarfile.open(fileobj=raw, mode="w", format=src.format) as dst:
         for member in src:
             if member.isfile() and any(fnmatch.fnmatch(Path(member.name).name, p) for p in dropped):
