@@ -14,7 +14,17 @@ from typing import Any
 import numpy as np
 
 from experiments.analysis.contamination import ContaminationCheck, check_contamination
-from experiments.analysis.stats import paired_speedup, prompt_totals, prompts_to_decide, ratio_interval, verdict
+from experiments.analysis.stats import (
+    Interval,
+    block_speedups,
+    blocked_speedup,
+    paired_speedup,
+    prompt_blocks,
+    prompt_totals,
+    prompts_to_decide,
+    ratio_interval,
+    verdict_over_blocks,
+)
 from experiments.engines.base import RequestAcceptance
 
 ALL = "all"
@@ -73,13 +83,27 @@ def _tok_s(records: list[dict]) -> float | None:
 
 
 def _row(category: str, c: int, opt: list[dict], base: list[dict], acc: Acceptor) -> dict[str, Any]:
-    iv = paired_speedup(prompt_totals(opt), prompt_totals(base))
+    o, b, blocks = prompt_totals(opt), prompt_totals(base), prompt_blocks(opt)
+    prompts_only = paired_speedup(o, b)
+    iv = blocked_speedup(o, b, blocks)
+    per_block = block_speedups(o, b, blocks) if iv is not prompts_only and len(set(blocks.values())) > 1 else {}
     accs = [a for a in map(acc, opt) if a is not None]
     return {"category": category, "concurrency": c, "n_prompts": iv.n, "requests": len(opt),
             "output_tok_s": _tok_s(opt), "baseline_output_tok_s": _tok_s(base) if base else None,
             "speedup": iv.estimate, "speedup_low": iv.low, "speedup_high": iv.high, "method": iv.method,
-            "verdict": verdict(iv) if iv.n else "no baseline", "prompts_to_decide": prompts_to_decide(iv),
-            **_acceptance(accs)}
+            "speedup_prompts_low": prompts_only.low, "speedup_prompts_high": prompts_only.high,
+            **_block_spread(per_block),
+            "verdict": verdict_over_blocks(iv, per_block) if iv.n else "no baseline",
+            "prompts_to_decide": prompts_to_decide(iv), **_acceptance(accs)}
+
+
+def _block_spread(per_block: dict[int, Interval]) -> dict[str, Any]:
+    """The blocks' own speedups: how many, their lowest and highest, each block's estimate."""
+    if not per_block:
+        return {"blocks": 1}
+    est = [iv.estimate for iv in per_block.values()]
+    return {"blocks": len(per_block), "block_speedup_min": min(est), "block_speedup_max": max(est),
+            "block_speedups": est}
 
 
 def category_rows(option_records: list[dict], baseline_records: list[dict] | None, acc: Acceptor) -> list[dict]:
@@ -102,6 +126,9 @@ def as_metrics(rows: list[dict]) -> dict[str, float]:
     for row in rows:
         head, c = f"cat/{metric_name(row['category'])}", row["concurrency"]
         names = {"speedup": f"speedup_c{c}", "speedup_low": f"speedup_c{c}_low", "speedup_high": f"speedup_c{c}_high",
+                 "speedup_prompts_low": f"speedup_c{c}_prompts_low",
+                 "speedup_prompts_high": f"speedup_c{c}_prompts_high",
+                 "block_speedup_min": f"speedup_c{c}_block_min", "block_speedup_max": f"speedup_c{c}_block_max",
                  "accept_length": f"accept_length_c{c}", "output_tok_s": f"output_tok_s_c{c}",
                  "n_prompts": f"prompts_c{c}"}
         for key, name in names.items():

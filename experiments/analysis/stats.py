@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 PAYS, LOSES, UNCLEAR = "pays", "does not pay", "inconclusive"
+# blocks of one level (paired in time, or slices measured in turn) decided opposite ways: the verdict depends on
+# when, and so on which host state, it was measured
+HOST_SENSITIVE = "host-sensitive"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,55 @@ def paired_speedup(option: dict[str, tuple[float, float]], baseline: dict[str, t
         boots = (o[idx, 0].sum(1) / o[idx, 1].sum(1)) / (b[idx, 0].sum(1) / b[idx, 1].sum(1))
     lo, hi = _percentiles(boots, level)
     return Interval(estimate, lo, hi, len(keys), f"paired bootstrap over {len(keys)} prompts")
+
+
+def blocked_speedup(option: dict[str, tuple[float, float]], baseline: dict[str, tuple[float, float]],
+                    blocks: dict[str, int], n_boot: int = 4000, seed: int = 0, level: float = 0.95) -> Interval:
+    """The paired speedup with an interval that covers what varies between blocks as well as prompts: each
+    resample draws blocks with replacement, then prompts with replacement within each drawn block (a two-stage
+    bootstrap), the same draw for both arms. `blocks` maps a prompt key to its block; with fewer than two blocks
+    this is paired_speedup."""
+    keys = sorted(option.keys() & baseline.keys())
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        members[blocks.get(k, 0)].append(i)
+    if len(members) < 2:
+        return paired_speedup(option, baseline, n_boot, seed, level)
+    o = np.array([option[k] for k in keys], dtype=float)
+    b = np.array([baseline[k] for k in keys], dtype=float)
+    rng = np.random.default_rng(seed)
+    sums = np.zeros((4, len(members), n_boot))   # option tokens, option s, baseline tokens, baseline s per block
+    for g, idx in enumerate(members.values()):
+        draw = np.asarray(idx)[rng.integers(0, len(idx), size=(n_boot, len(idx)))]
+        sums[:, g] = [o[draw, 0].sum(1), o[draw, 1].sum(1), b[draw, 0].sum(1), b[draw, 1].sum(1)]
+    chosen = rng.integers(0, len(members), size=(n_boot, len(members)))
+    tot = sums[:, chosen.T, np.arange(n_boot)].sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boots = (tot[0] / tot[1]) / (tot[2] / tot[3])
+    estimate = float((o[:, 0].sum() / o[:, 1].sum()) / (b[:, 0].sum() / b[:, 1].sum()))
+    lo, hi = _percentiles(boots, level)
+    return Interval(estimate, lo, hi, len(keys), f"paired bootstrap over {len(members)} blocks, then {len(keys)} "
+                                                 "prompts within them")
+
+
+def block_speedups(option: dict[str, tuple[float, float]], baseline: dict[str, tuple[float, float]],
+                   blocks: dict[str, int], n_boot: int = 2000, seed: int = 0) -> dict[int, Interval]:
+    """Each block's own paired speedup over its prompts."""
+    out: dict[int, Interval] = {}
+    for g in sorted(set(blocks.values())):
+        keys = {k for k, blk in blocks.items() if blk == g}
+        out[g] = paired_speedup({k: v for k, v in option.items() if k in keys},
+                                {k: v for k, v in baseline.items() if k in keys}, n_boot, seed)
+    return {g: iv for g, iv in out.items() if iv.n}
+
+
+def verdict_over_blocks(overall: Interval, per_block: dict[int, Interval]) -> str:
+    """host-sensitive where one block decided `pays` and another `does not pay`; else the verdict of the interval
+    that covers blocks and prompts."""
+    decided = {verdict(iv) for iv in per_block.values()}
+    if PAYS in decided and LOSES in decided:
+        return HOST_SENSITIVE
+    return verdict(overall)
 
 
 def _padded(groups: list[list[float]]) -> np.ndarray:
@@ -129,6 +181,11 @@ def prompts_to_decide(iv: Interval) -> int | None:
     if not math.isfinite(half) or half <= 0:
         return None
     return max(iv.n + 1, math.ceil(iv.n * (half / abs(iv.estimate - 1.0)) ** 2))
+
+
+def prompt_blocks(records: Iterable[dict]) -> dict[str, int]:
+    """prompt id -> its block (the slice of its level it was measured in: the records' `repetition`)."""
+    return {r["prompt_id"]: int(r.get("repetition", 0)) for r in records}
 
 
 def prompt_totals(records: Iterable[dict]) -> dict[str, tuple[float, float]]:

@@ -45,6 +45,7 @@ class LoopbackServer:
         self.served_model_name = served_model_name
         self.sent: dict[str, dict] = {}
         self.serial = 0
+        self.slowdown = 1.0      # every step takes this many times itl_ms (POST /slowdown: a host that changed state)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -56,7 +57,12 @@ class LoopbackServer:
         app.router.add_post("/flush_cache", lambda r: web.Response(text="ok"))
         app.router.add_get("/sent", lambda r: web.json_response(self.sent))
         app.router.add_post("/reset", self.reset)
+        app.router.add_post("/slowdown", self.set_slowdown)
         return app
+
+    async def set_slowdown(self, request: web.Request) -> web.Response:
+        self.slowdown = float((await request.json())["factor"])
+        return web.Response(text="ok")
 
     async def reset(self, request: web.Request) -> web.Response:
         self.sent.clear()
@@ -72,8 +78,10 @@ class LoopbackServer:
         await resp.prepare(request)
         times: list[float] = []
         produced, i = 0, 0
+        deadline = arrived + self.ttft_s
         while produced < n_tokens:
-            deadline = arrived + self.ttft_s + i * self.itl_s
+            if i:
+                deadline += self.itl_s * self.slowdown
             delay = deadline - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -132,6 +140,11 @@ def start_loopback(ttft_ms: float, itl_ms: float, tokens_per_event: int = 1, log
 def sent_times(server: Server) -> dict[str, dict]:
     """Per request serial: its prompt and the seconds from arrival to each event's send."""
     return httpx.get(server.base_url + "/sent", timeout=30).json()
+
+
+def slow_down(server: Server, factor: float) -> None:
+    """Every later step takes `factor` times the server's itl_ms (1: back to its own speed)."""
+    httpx.post(server.base_url + "/slowdown", json={"factor": factor}, timeout=10).raise_for_status()
 
 
 def reset(server: Server) -> None:

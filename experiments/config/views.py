@@ -41,6 +41,7 @@ class WorkloadView:
     temperature: float = 0.0
     seed: int = 0
     repetitions: int = 1
+    blocks: int = 1                    # disjoint blocks per level and repetition (interleaved timing's unit)
     warmup_requests: int = 0
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
@@ -56,7 +57,7 @@ class WorkloadView:
     arrival_seed: int | None = None    # null: seed
 
     def __post_init__(self) -> None:
-        _positive("workload", max_tokens=self.max_tokens, repetitions=self.repetitions,
+        _positive("workload", max_tokens=self.max_tokens, repetitions=self.repetitions, blocks=self.blocks,
                   request_timeout_s=self.request_timeout_s, stall_timeout_s=self.stall_timeout_s,
                   floor_tok_s=self.floor_tok_s, num_prompts=self.num_prompts, max_turns=self.max_turns)
         object.__setattr__(self, "level_timeout_s", _seconds_or_auto("workload.level_timeout_s", self.level_timeout_s))
@@ -201,10 +202,13 @@ class BaselineView:
     loaded_host_share: float = 0.25
     allow_loaded_host: bool = False
     url: str | None = None
+    timing: str = "sequential"       # sequential | interleaved (paired in time)
 
     def __post_init__(self) -> None:
         _positive("baseline", max_age_h=self.max_age_h, loaded_host_share=self.loaded_host_share)
         _http_url("baseline.url", self.url)
+        if self.timing not in ("sequential", "interleaved"):
+            raise ConfigError(f"baseline.timing must be sequential or interleaved, got {self.timing!r}")
 
 
 @dataclass(frozen=True)
@@ -266,11 +270,16 @@ def views_of(cfg: DictConfig) -> RunView:
     """All views of `cfg`; raises ConfigError naming the first bad value."""
     levels = OmegaConf.select(cfg, "workload.concurrency")
     levels = list(levels) if OmegaConf.is_list(levels) else [levels]
+    limits = limits_view(cfg)
+    if limits.max_running_requests is not None and max(levels) > limits.max_running_requests:
+        raise ConfigError(f"workload.concurrency level {max(levels)} is above the engine limit "
+                          f"limits.max_running_requests={limits.max_running_requests} (the site's deployment value): "
+                          "it would only queue in the engine; lower the level or raise the limit")
     return RunView(option=str(cfg.option.name), engine=str(cfg.engine.name), model=str(cfg.model.name),
                    spec=_typed(SpecView, cfg.spec, "spec"),
                    workload=_typed(WorkloadView, cfg.workload, "workload", concurrency=levels),
                    site=_typed(SiteView, cfg.site, "site"),
-                   limits=limits_view(cfg),
+                   limits=limits,
                    server=_typed(ServerView, cfg.get("server"), "server"),
                    baseline=_typed(BaselineView, cfg.get("baseline"), "baseline"),
                    run=_typed(RunModeView, cfg.get("run"), "run"),

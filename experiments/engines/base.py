@@ -289,6 +289,17 @@ class EngineAdapter(ABC):
     def acceptance(self, before: dict | None, after: dict | None,
                    metas: list[dict]) -> Acceptance | None: ...
 
+    def request_step_s(self, record: dict) -> float | None:
+        """One finished request's decode step in seconds: the time from its first token to its last over the
+        engine steps between them. Here from the streamed chunks' arrival (each chunk is one engine step of the
+        request); an engine that times its requests itself overrides this with its own clock."""
+        times, tokens = record.get("chunk_times_s") or [], record.get("chunk_tokens") or []
+        if record.get("error") or len(times) < 3 or len(tokens) != len(times):
+            return None
+        return (times[-1] - times[0]) / (len(times) - 1)
+
+    step_source = "client: streamed chunks' arrival (one chunk per engine step)"
+
     @abstractmethod
     def request_acceptance(self, record: dict) -> RequestAcceptance | None:
         """Acceptance of one JSONL request record (client.RequestRecord as a dict); None for a failed

@@ -235,6 +235,19 @@ class SGLangAdapter(EngineAdapter):
         parts = [a for a in (meta_acceptance(m) for m in metas if m) if a is not None]
         return merge_requests(parts)
 
+    step_source = "server: meta_info decode_throughput (first token to finish, SGLang's clock) over its steps"
+
+    def request_step_s(self, record: dict) -> float | None:
+        """SGLang's own decode time of the request ((completion tokens - 1) / decode_throughput: from the first
+        token to the finish, on the server's clock) over its steps after the first token: the verification steps
+        (spec_verify_ct) where it speculates, else one per token."""
+        meta = record.get("meta") or {}
+        rate, tokens = meta.get("decode_throughput"), meta.get("completion_tokens")
+        if record.get("error") or not rate or not tokens or tokens < 3:
+            return None
+        steps = meta.get("spec_verify_ct") or tokens - 1
+        return (tokens - 1) / rate / steps if steps > 1 else None
+
     def request_acceptance(self, record: dict) -> RequestAcceptance | None:
         """From the finishing event's meta_info (`record["meta"]`): steps = SGLang's verification steps,
         emitted = completion tokens (the prefill's first token included, as in SGLang's spec_accept_length)."""

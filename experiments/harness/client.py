@@ -82,7 +82,7 @@ SERVER_FAULT_KINDS = frozenset({"stall", "deadline", "truncated", "connection"})
 # request written onto a pooled connection just as the server closes it is lost, so the client drops them first
 KEEPALIVE_S = 2.0
 __all__ = ["SKIPPED_AFTER_STALL", "LevelDeadline", "LevelResult", "RequestRecord", "RequestSettings",
-           "WarmupFailed", "WorkloadRunner", "fixed_prompts"]
+           "WarmupFailed", "WorkloadRunner", "fixed_prompts", "run_interleaved"]
 log = logging.getLogger(__name__)
 
 
@@ -139,6 +139,7 @@ class LevelResult:
     deadline_s: float | None = None      # the slice's deadline (workload.level_timeout_s, derived when `auto`)
     host: HostLoad | None = None         # the host's load by other processes over the slice
     arrival: dict | None = None          # open loop: the arrival process (kind, rate, burstiness, seed)
+    started_unix: float | None = None    # wall-clock start of the slice (which block ran when, paired in time)
 
 
 class WorkloadRunner:
@@ -154,35 +155,39 @@ class WorkloadRunner:
         self.render, self.records_path, self.arrivals = render, records_path, arrivals
         self.telemetry = telemetry
         self.warmup = WarmupStats()
+        self.label = ""          # names the server on the progress lines where two are measured in turn
 
     def run(self, plan: VisitPlan) -> list[LevelResult]:
         """One result per (level, repetition) slice, in the plan's order."""
         return asyncio.run(self._run(plan))
 
     async def _run(self, plan: VisitPlan) -> list[LevelResult]:
+        async with self.session(plan) as client:
+            await self._warm_up(client, plan.warmup, "at concurrency 1", concurrent=False)
+            results = []
+            with level_progress() as progress:
+                for level in plan.levels:
+                    await self.warm_up_level(client, plan, level)
+                    for rep in range(plan.repetitions):
+                        results.append(await self._level(client, progress, plan.measured[(level, rep)], level, rep))
+            return results
+
+    def session(self, plan: VisitPlan) -> aiohttp.ClientSession:
+        """The connection pool to this runner's server, sized for the plan's highest level."""
         # aiohttp, not httpx: its line reader sustains several times the streamed-token rate at a fraction
         # of the CPU (experiments/bench/harness_fidelity.py); a large read buffer for SGLang's cumulative events
         # the request and stall deadlines are the client's own timer (`_request`), which tells them apart
         st = self.settings
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(st.timeout_s, st.stall_timeout_s), sock_read=None)
-        async with aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
-                                         json_serialize=dump_json,
-                                         connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2, ssl=False,
-                                                                        keepalive_timeout=KEEPALIVE_S)) as client:
-            await self._warm_up(client, plan.warmup, "at concurrency 1", concurrent=False)
-            results = []
-            # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
-            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), refresh_per_second=2) as progress:
-                for level in plan.levels:
-                    # an engine's first batch of a new size can stall on one-off work (SGLang on the H200: the
-                    # first c4 batch waited 0.5 s, which cost A 3x at c4): one unrecorded batch first
-                    await self._warm_up(client, plan.level_warmup.get(level) or [], f"before concurrency {level}",
-                                        concurrent=True)
-                    for rep in range(plan.repetitions):
-                        convs = plan.measured[(level, rep)]
-                        results.append(await self._level(client, progress, convs, level, rep))
-            return results
+        return aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
+                                     json_serialize=dump_json,
+                                     connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2, ssl=False,
+                                                                    keepalive_timeout=KEEPALIVE_S))
+
+    async def warm_up_level(self, client, plan: VisitPlan, level: int) -> None:
+        # an engine's first batch of a new size can stall on one-off work (SGLang on the H200: the
+        # first c4 batch waited 0.5 s, which cost A 3x at c4): one unrecorded batch first
+        await self._warm_up(client, plan.level_warmup.get(level) or [], f"before concurrency {level}", concurrent=True)
 
     async def _warm_up(self, client, convs: list[Conversation], stage: str, concurrent: bool) -> None:
         """Unrecorded requests of warm-up conversations (never measured), one after another or all at once;
@@ -220,7 +225,8 @@ class WorkloadRunner:
 
     async def _level(self, client, progress, convs: list[Conversation], level: int, rep: int) -> LevelResult:
         total = sum(c.num_turns for c in convs)
-        task = progress.add_task(f"concurrency {level}" + (f" rep {rep}" if rep else ""), total=total)
+        task = progress.add_task(f"{self.label} concurrency {level}".strip() + (f" block {rep}" if rep else ""),
+                                 total=total)
         before = await self._scrape(client)
         sem = asyncio.Semaphore(level)
         records: list[RequestRecord] = []
@@ -236,7 +242,7 @@ class WorkloadRunner:
         sampler = HostSampler.start(served_by=self.server.local_processes())
         if self.telemetry is not None:
             self.telemetry.start(level, rep)
-        t0 = time.perf_counter()
+        t0, started_unix = time.perf_counter(), time.time()
 
         async def conversation(conv: Conversation, at: float | None) -> None:
             if at is not None:
@@ -271,7 +277,7 @@ class WorkloadRunner:
             self.server.check_alive(wait_s=2.0)
         after = await self._scrape(client)
         arrival = self.arrivals.describe() if schedule is not None else None
-        return LevelResult(level, wall, records, before, after, deadline, host, arrival)
+        return LevelResult(level, wall, records, before, after, deadline, host, arrival, started_unix)
 
     async def _await_level(self, work: asyncio.Future, level: int, rep: int, records: list[RequestRecord],
                            total: int, limit: float | None) -> None:
@@ -391,6 +397,51 @@ class WorkloadRunner:
         if not finished:
             raise StreamError("no_finish", f"the stream ended after {len(rec.output_token_ids)} tokens without a "
                                            "finish event")
+
+
+def level_progress() -> Progress:
+    # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    refresh_per_second=2)
+
+
+def interleaved_order(level_index: int, rep: int, repetitions: int) -> tuple[int, int]:
+    """Which runner goes first in a block pair: alternating from one block to the next over the whole run
+    (0 1 | 1 0 | 0 1 | ...: ABBA), so that a drift of the host's speed charges both arms alike."""
+    k = level_index * repetitions + rep
+    return (0, 1) if k % 2 == 0 else (1, 0)
+
+
+def run_interleaved(runners: tuple[WorkloadRunner, WorkloadRunner], plan: VisitPlan,
+                    between: Callable[[int, int, int], None] | None = None) -> tuple[list[LevelResult], ...]:
+    """The same plan on two servers that are up together, paired in time: both warm up, then every block (a
+    (level, repetition) slice of first-seen prompts) goes to one server and then to the other, in ABBA order. Each
+    server sees each prompt once. `between(level, rep, position)` runs before each block of a pair (position 0,
+    1) and after the pair (2): the host calibration's hook. One result list per runner, in the plan's order."""
+    return asyncio.run(_interleaved(runners, plan, between))
+
+
+async def _interleaved(runners: tuple[WorkloadRunner, WorkloadRunner], plan: VisitPlan,
+                       between: Callable[[int, int, int], None] | None) -> tuple[list[LevelResult], ...]:
+    results: tuple[list[LevelResult], list[LevelResult]] = ([], [])
+    async with runners[0].session(plan) as c0, runners[1].session(plan) as c1:
+        clients = (c0, c1)
+        for runner, client in zip(runners, clients, strict=True):
+            await runner._warm_up(client, plan.warmup, "at concurrency 1", concurrent=False)
+        with level_progress() as progress:
+            for i, level in enumerate(plan.levels):
+                for runner, client in zip(runners, clients, strict=True):
+                    await runner.warm_up_level(client, plan, level)
+                for rep in range(plan.repetitions):
+                    for position, which in enumerate(interleaved_order(i, rep, plan.repetitions)):
+                        if between is not None:
+                            await asyncio.to_thread(between, level, rep, position)
+                        result = await runners[which]._level(clients[which], progress, plan.measured[(level, rep)],
+                                                             level, rep)
+                        results[which].append(result)
+                    if between is not None:
+                        await asyncio.to_thread(between, level, rep, 2)
+    return results
 
 
 def fixed_prompts(token_ids: dict[str, list[int]], category: str = "all") -> tuple[list[Conversation], Render]:

@@ -4,6 +4,7 @@ has on every way out, so a failed run keeps what it saw."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,11 +26,12 @@ from experiments.harness.baseline import (
     slo_breaks,
     speedups,
 )
-from experiments.harness.client import RequestSettings, WorkloadRunner
+from experiments.harness.client import RequestSettings, WorkloadRunner, run_interleaved
 from experiments.harness.hostload import host_loaded
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.prepare import PreparedWorkload
 from experiments.harness.server import POOL
+from experiments.harness.steps import step_excess
 from experiments.harness.summary import SloTargets, Summary, add_level_metrics, check_error_share, summarize
 from experiments.harness.telemetry import TAG as TELEMETRY_TAG
 from experiments.harness.telemetry import LevelTelemetry
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 console = Console(stderr=True)
+TIMING_TAG, INTERLEAVED, SEQUENTIAL = "specws.timing", "interleaved", "sequential"
 
 
 def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Served, baseline: Run | None,
@@ -48,42 +51,99 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
     """Measure into `m`; raises on failure with `m` holding what was measured so far. `store_client` reads the
     baseline's records for the agreement checks. `cfg` is only what the launch needs (experiments.harness.launch);
     everything else is read from the typed views `v`."""
-    adapter = adapter_for(target.engine)
-    log_path = m.records_path.parent / f"server-{_server_key(target)}.log"
-    m.option = v.option
-    server = runner = None
-    m.telemetry = telemetry = LevelTelemetry.open(_visible_gpus(target))
-    m.tags[TELEMETRY_TAG] = telemetry.status
+    arm = Arm(m, v, target, validation)
     try:
-        server = _server_for(m, v, target, log_path, prepared)
-        served = isinstance(target, Served)
-        m.limits = target.limits if served else adapter.effective_limits(server.base_url, validation)
+        arm.start(prepared)
         _check_limits(m.limits, baseline)
+        arm.summarize(arm.runner.run(prepared.plan), _slo(cfg))
+        compare_with_baseline(arm, baseline, store_client)
+        check_error_share(m.summary, prepared.workload.max_error_share)  # after the numbers are in `m`
+    finally:
+        arm.close()
+
+
+def measure_interleaved(arms: tuple[Arm, Arm], cfg: DictConfig, prepared: PreparedWorkload,
+                        between: Callable[[int, int, int], None] | None = None) -> None:
+    """Option and baseline paired in time: both servers up together, every block of first-seen prompts sent to
+    one and then the other in ABBA order (experiments.harness.client.run_interleaved). Fills both arms' summaries;
+    the comparison with the baseline comes after the baseline's run has been exported (compare_with_baseline)."""
+    for arm in arms:
+        arm.start(prepared)
+    option, base = arms
+    differ = limits_mismatch({k: str(x) for k, x in option.m.limits.items()},
+                             {k: str(x) for k, x in base.m.limits.items()})
+    if differ:
+        raise PairingRefused(f"engine limits of the option's and the baseline's servers differ: {'; '.join(differ)} "
+                             "(pin them with limits.* so that both run under the same ones)")
+    results = run_interleaved((option.runner, base.runner), prepared.plan, between)
+    for arm, levels in zip(arms, results, strict=True):
+        arm.summarize(levels, _slo(cfg))
+    for arm in arms:
+        arm.m.tags[TIMING_TAG] = INTERLEAVED
+
+
+def _slo(cfg: DictConfig) -> SloTargets:
+    return SloTargets.of(OmegaConf.select(cfg, "workload.slo", default=None))
+
+
+class Arm:
+    """One server measured into one Measurement: its server, its workload runner and its telemetry."""
+
+    def __init__(self, m: Measurement, v: RunView, target: LaunchSpec | Served,
+                 validation: Validation | None) -> None:
+        self.m, self.v, self.target, self.validation = m, v, target, validation
+        self.adapter = adapter_for(target.engine)
+        self.log_path = m.records_path.parent / f"server-{_server_key(target)}.log"
+        self.server = self.runner = None
+        m.option = v.option
+        m.telemetry = self.telemetry = LevelTelemetry.open(_visible_gpus(target))
+        m.tags[TELEMETRY_TAG] = self.telemetry.status
+
+    def start(self, prepared: PreparedWorkload) -> None:
+        """The server up and healthy, its limits read back, the workload runner ready."""
+        m, v = self.m, self.v
+        self.server = _server_for(m, v, self.target, self.log_path, prepared)
+        served = isinstance(self.target, Served)
+        m.limits = self.target.limits if served else self.adapter.effective_limits(self.server.base_url,
+                                                                                  self.validation)
         w = prepared.workload
         settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s, w.stall_timeout_s,
                                    w.level_timeout_s, w.floor_tok_s, engine_slots=_engine_slots(m.limits))
-        runner = WorkloadRunner(server, adapter, v.model, settings, prepared.render(), m.records_path,
-                                Arrivals.of(w), telemetry)
-        m.summary = summarize(runner.run(prepared.plan), adapter,
-                              SloTargets.of(OmegaConf.select(cfg, "workload.slo", default=None)))
-        add_level_metrics(m.summary, telemetry.level_metrics(
+        self.runner = WorkloadRunner(self.server, self.adapter, v.model, settings, prepared.render(), m.records_path,
+                                     Arrivals.of(w), self.telemetry)
+        self.runner.label = v.option
+
+    def summarize(self, levels: list, slo: SloTargets) -> None:
+        m = self.m
+        m.summary = summarize(levels, self.adapter, slo)
+        add_level_metrics(m.summary, self.telemetry.level_metrics(
             {c: lv["output_tokens"] for c, lv in m.summary.per_level.items()}))
+        m.metrics = _measured_metrics(m.summary, None)
+        _note_host_load(m, self.v.baseline.loaded_host_share)
+        _note_unsteady_steps(m, self.adapter.step_source)
+
+    def close(self) -> None:
+        m = self.m
+        self.telemetry.close()
+        if self.runner is not None:
+            m.warmup_metrics, m.warmup_failures = self.runner.warmup.metrics(), list(self.runner.warmup.failures)
+        m.server_log = self.log_path if self.log_path.exists() else getattr(self.server, "log_path", None)
+        if isinstance(self.target, LaunchSpec):
+            _read_patches(m, self.target)
+
+
+def compare_with_baseline(arm: Arm, baseline: Run | None, store_client) -> None:
+    """The option's speedups against the baseline's stored metrics, and its greedy or sampled agreement with
+    the baseline's stored records; then its verdict line on the console."""
+    m, v = arm.m, arm.v
+    if baseline is not None:
         m.metrics = _measured_metrics(m.summary, baseline)
-        _note_host_load(m, v.baseline.loaded_host_share)
-        if baseline is not None:
-            m.tags["specws.baseline_run_id"] = baseline.info.run_id
-            m.baseline_tok_s = {int(k.removeprefix("output_tok_s_c")): v for k, v in baseline.data.metrics.items()
-                                if k.startswith("output_tok_s_c")}
-            _agreement_check(m, store_client, baseline, server, adapter, v, greedy=w.temperature == 0.0)
-        _report(v, m.metrics)
-        check_error_share(m.summary, w.max_error_share)   # after the numbers are in `m`: a failed run keeps them
-    finally:
-        telemetry.close()
-        if runner is not None:
-            m.warmup_metrics, m.warmup_failures = runner.warmup.metrics(), list(runner.warmup.failures)
-        m.server_log = log_path if log_path.exists() else getattr(server, "log_path", None)
-        if isinstance(target, LaunchSpec):
-            _read_patches(m, target)
+        m.tags["specws.baseline_run_id"] = baseline.info.run_id
+        m.baseline_tok_s = {int(k.removeprefix("output_tok_s_c")): x for k, x in baseline.data.metrics.items()
+                            if k.startswith("output_tok_s_c")}
+        greedy = arm.runner.settings.temperature == 0.0
+        _agreement_check(m, store_client, baseline, arm.server, arm.adapter, v, greedy)
+    _report(v, m.metrics)
 
 
 def _visible_gpus(target: LaunchSpec | Served) -> str | None:
@@ -113,6 +173,7 @@ def _measured_metrics(summary: Summary, baseline: Run | None) -> dict[str, float
     if baseline is not None:
         metrics.update(speedups(metrics, baseline.data.metrics))
         metrics.update(slo_breaks(metrics, baseline.data.metrics))
+        metrics.update(step_excess(metrics, baseline.data.metrics))
     # per level, for the post-run prediction (experiments/analysis/predict.py), which reads them back
     metrics.update({f"spec_drafts_c{c}": float(a.drafts) for c, a in summary.acceptance_per_level.items()})
     return metrics
@@ -124,6 +185,17 @@ def _note_host_load(m: Measurement, share: float) -> None:
     if loaded:
         console.print(f"[yellow]other processes kept up to {m.metrics.get('host_other_cores_busy_max', 0):.1f} "
                       "cores busy while this run measured: not reused as a baseline[/]")
+
+
+def _note_unsteady_steps(m: Measurement, source: str) -> None:
+    """Where the steps come from, and the levels whose step was bimodal or drifted (tag and console)."""
+    m.tags["specws.step_source"] = source
+    unsteady = [f"c{c} {kind}" for c, lv in sorted(m.summary.per_level.items())
+                for kind in ("bimodal", "drifting") if lv.get(f"step_{kind}")]
+    if unsteady:
+        m.tags["specws.step_unsteady"] = ", ".join(unsteady)
+        console.print(f"[yellow]{m.option}: the server-side step did not hold still within a level: "
+                      f"{', '.join(unsteady)} (step_p10/p50/p90_ms_c<c>)[/]")
 
 
 def _server_for(m: Measurement, v: RunView, target: LaunchSpec | Served, log_path: Path,

@@ -5,7 +5,8 @@ records the launch spec and the workload plan. A forecast (`run.forecast=true`) 
 its own run, filled in by the forecaster the entry point hands in, and starts no option server."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,10 +24,12 @@ from experiments.engines.served import Served, settings_mismatch
 from experiments.harness.attached import AttachedServer, check_first_visits, check_speculation, read_served
 from experiments.harness.baseline import PairingRefused, find_baseline, pair_key, served_pair_key
 from experiments.harness.launch import LaunchSpec, build_launch_spec
-from experiments.harness.measure import console, measure
+from experiments.harness.measure import INTERLEAVED, Arm, compare_with_baseline, console, measure, measure_interleaved
 from experiments.harness.preflight import check_assets, check_engine_env
 from experiments.harness.prepare import PreparedWorkload
+from experiments.harness.summary import check_error_share
 from experiments.tracking.export import Measurement, export, export_inputs
+from experiments.tracking.lifecycle import TrackedRun
 from experiments.tracking.redact import redact_text
 from experiments.tracking.runs import open_run, setup
 from experiments.tracking.store import flatten, host_fingerprint, log_prompt_dataset
@@ -37,6 +40,8 @@ from experiments.tracking.uploads import Uploads
 PostRun = Callable[..., None]
 # Fills a forecast run: forecaster(client, forecast_run_id, baseline_run, params) -> summary lines to print.
 Forecaster = Callable[..., list[str]]
+# Called between the blocks of an interleaved pair as between(level, repetition, position): the host calibration
+Between = Callable[[int, int, int], None]
 Target = LaunchSpec | Served
 _validated: dict[tuple, Validation] = {}
 
@@ -84,8 +89,22 @@ def measure_option(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequen
         return _dry_run(cfg, v, target, _version(target, validation), key, prepared)
     if v.run.forecast:
         return forecast_option(cfg, v, validation, key, prepared, post_run, forecaster)
+    if _interleaved(v, target):
+        return run_interleaved_pair(cfg, v, target, validation, key, prepared, post_run)
     baseline = _paired_baseline(cfg, v, key, prepared, post_run, target) if v.baseline.pair else None
     return run_measured(cfg, v, target, validation, key, baseline, prepared, post_run)
+
+
+def _interleaved(v: RunView, target: Target) -> bool:
+    """Paired in time: asked for (baseline.timing), an option with speculation against a baseline, and both
+    servers started here (a running server of server.url is paired with a stored or running baseline)."""
+    if v.baseline.timing != INTERLEAVED or not v.baseline.pair or not v.spec.speculative:
+        return False
+    if isinstance(target, Served):
+        console.print("baseline.timing=interleaved needs both servers started here; the running server of "
+                      "server.url is paired with a stored or running baseline, one after the other")
+        return False
+    return True
 
 
 def _version(target: Target, validation: Validation | None) -> str:
@@ -197,6 +216,56 @@ def run_measured(cfg: DictConfig, v: RunView, target: Target, validation: Valida
     """One measured MLflow run, ended FINISHED / FAILED / KILLED by the one run lifecycle. The measurement is
     exported on every way out, metrics before any artifact; an artifact that could not be written fails the run
     last, with the first such error."""
+    with _measured_run(cfg, v, target, validation, key, prepared) as (run, m, uploads):
+        try:
+            measure(m, cfg, v, target, baseline, prepared, validation, run.client)
+        finally:
+            export(run.client, run.id, m, uploads)
+        _post_run(run, post_run, baseline, target.engine)
+        uploads.raise_first()
+    return {"run_id": run.id, **m.metrics}
+
+
+def run_interleaved_pair(cfg: DictConfig, v: RunView, target: LaunchSpec, validation: Validation, key: str,
+                         prepared: PreparedWorkload, post_run: Sequence[PostRun] = (),
+                         between: Between | None = None) -> dict:
+    """Option and a fresh baseline paired in time (baseline.timing=interleaved): both servers up together, each
+    block of first-seen prompts sent to one and then the other (ABBA), two runs open at once. The baseline's
+    measurement is exported first, then the option is compared with it; both are exported on every way out."""
+    bcfg = with_option(cfg, "baseline")
+    bcfg.run.name = f"baseline-{v.workload.name}"
+    bv = views_of(bcfg)
+    btarget, bvalidation = validated_spec(bcfg)
+    console.print("option and baseline paired in time: both servers up together, blocks of first-seen prompts "
+                  f"in ABBA order ({prepared.plan.repetitions} block(s) per level)")
+    with _measured_run(bcfg, bv, btarget, bvalidation, key, prepared) as (brun, bm, buploads), \
+            _measured_run(cfg, v, target, validation, key, prepared) as (run, m, uploads):
+        arms = (Arm(m, v, target, validation), Arm(bm, bv, btarget, bvalidation))
+        bm.tags["specws.paired_option_run_id"] = run.id
+        try:
+            try:
+                measure_interleaved(arms, cfg, prepared, between)
+            finally:
+                for arm in arms:
+                    arm.close()
+                export(brun.client, brun.id, bm, buploads)   # first: the option's comparison reads it back
+            baseline = brun.client.get_run(brun.id)
+            compare_with_baseline(arms[0], baseline, run.client)
+            for arm in (arms[1], arms[0]):
+                check_error_share(arm.m.summary, prepared.workload.max_error_share)
+        finally:
+            export(run.client, run.id, m, uploads)
+        _post_run(brun, post_run, None, btarget.engine)
+        _post_run(run, post_run, baseline, target.engine)
+        buploads.raise_first()
+        uploads.raise_first()
+    return {"run_id": run.id, "baseline_run_id": brun.id, **m.metrics}
+
+
+@contextmanager
+def _measured_run(cfg: DictConfig, v: RunView, target: Target, validation: Validation | None, key: str,
+                  prepared: PreparedWorkload) -> Iterator[tuple[TrackedRun, Measurement, Uploads]]:
+    """An open measured run with its launch record and workload logged: (run, its Measurement, its Uploads)."""
     name = v.run.name or f"{v.option}-{v.workload.name}"
     tags = engine_tags(cfg, _version(target, validation)) | {"specws.pair_key": key, "specws.host": _host(cfg, target)}
     with open_run(cfg, "measure", name, tags) as run:
@@ -206,13 +275,7 @@ def run_measured(cfg: DictConfig, v: RunView, target: Target, validation: Valida
         uploads = Uploads(run.client, run.id, m.records_path)
         export_inputs(uploads, *_launch_record(target))
         _log_workload(run.client, uploads, run.id, cfg, prepared)
-        try:
-            measure(m, cfg, v, target, baseline, prepared, validation, run.client)
-        finally:
-            export(run.client, run.id, m, uploads)
-        _post_run(run, post_run, baseline, target.engine)
-        uploads.raise_first()
-    return {"run_id": run.id, **m.metrics}
+        yield run, m, uploads
 
 
 def _post_run(run, post_run: Sequence[PostRun], baseline, engine: str) -> None:

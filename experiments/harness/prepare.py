@@ -53,5 +53,6 @@ def prepare_workload(cfg: DictConfig, w: WorkloadView) -> PreparedWorkload:
     tokenizer = _tokenizer(str(cfg.model.path))
     if tokenizer is not None:
         convs = fit_to_context(convs, tokenizer, int(cfg.model.max_model_len), w.max_tokens, cut)
-    plan = plan_visits(convs, w.concurrency, w.repetitions, w.warmup_requests, w.seed, w.reuse_prompts, w.num_prompts)
+    slices = w.repetitions * w.blocks   # per level: its repetitions, each in blocks
+    plan = plan_visits(convs, w.concurrency, slices, w.warmup_requests, w.seed, w.reuse_prompts, w.num_prompts)
     return PreparedWorkload(convs, plan, prompt_set_digest(convs), tokenizer, w)

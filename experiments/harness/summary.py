@@ -10,6 +10,7 @@ import numpy as np
 from experiments.engines.base import Acceptance, EngineAdapter, merge_acceptance
 from experiments.harness.client import LevelResult
 from experiments.harness.hostload import combine
+from experiments.harness.steps import step_metrics
 
 PERCENTILES = (50, 90, 99)
 
@@ -175,6 +176,7 @@ def summarize(levels: list[LevelResult], adapter: EngineAdapter, slo: SloTargets
         s.requests += len(level.records)
         kinds.update(r.error_kind or "unknown" for r in level.records if r.error is not None or r.e2e_s is None)
         metas = [r.meta for r in level.records if r.meta]
+        s.per_level[level.concurrency].update(step_metrics(level.records, adapter))
         acc = adapter.acceptance(level.metrics_before, level.metrics_after, metas)
         if acc is not None:
             s.acceptance_per_level[level.concurrency] = acc

@@ -5,13 +5,19 @@ import numpy as np
 import pytest
 
 from experiments.analysis.stats import (
+    HOST_SENSITIVE,
+    LOSES,
+    PAYS,
     Interval,
+    block_speedups,
+    blocked_speedup,
     mean_interval,
     paired_speedup,
     prompt_totals,
     prompts_to_decide,
     ratio_interval,
     verdict,
+    verdict_over_blocks,
 )
 
 
@@ -98,3 +104,42 @@ def test_prompt_totals_cluster_a_prompt_and_skip_failures() -> None:
             {"prompt_id": "b", "output_token_ids": [1] * 7, "e2e_s": 0.7},
             {"prompt_id": "c", "output_token_ids": [], "e2e_s": None, "error": "HTTP 500"}]
     assert prompt_totals(recs) == {"a": (15.0, 1.5), "b": (7.0, 0.7)}
+
+
+def _arms(block_ratios: list[float], per_block: int = 16, seed: int = 0):
+    """Option and baseline totals per prompt: the baseline at 100 tok/s with a prompt-to-prompt spread, the
+    option at `ratio` times it in each block."""
+    rng = np.random.default_rng(seed)
+    option, baseline, blocks = {}, {}, {}
+    for g, ratio in enumerate(block_ratios):
+        for i in range(per_block):
+            key, tokens = f"b{g}p{i}", 64.0
+            seconds = tokens / 100.0 * rng.uniform(0.8, 1.2)
+            baseline[key] = (tokens, seconds)
+            option[key] = (tokens, seconds / ratio * rng.uniform(0.97, 1.03))
+            blocks[key] = g
+    return option, baseline, blocks
+
+
+def test_the_blocked_interval_covers_what_varies_between_blocks():
+    option, baseline, blocks = _arms([1.05, 1.30, 1.10, 1.35])
+    prompts_only = paired_speedup(option, baseline)
+    both = blocked_speedup(option, baseline, blocks)
+    assert both.estimate == pytest.approx(prompts_only.estimate)
+    assert (both.high - both.low) > 2 * (prompts_only.high - prompts_only.low)
+    assert "4 blocks" in both.method
+
+
+def test_one_block_is_the_prompt_interval():
+    option, baseline, blocks = _arms([1.2])
+    assert blocked_speedup(option, baseline, blocks) == paired_speedup(option, baseline)
+
+
+def test_blocks_that_decide_opposite_ways_are_host_sensitive():
+    option, baseline, blocks = _arms([1.3, 0.7, 1.3, 0.7])
+    per_block = block_speedups(option, baseline, blocks)
+    assert {verdict(iv) for iv in per_block.values()} == {PAYS, LOSES}
+    assert verdict_over_blocks(blocked_speedup(option, baseline, blocks), per_block) == HOST_SENSITIVE
+    steady = _arms([1.3, 1.25, 1.35, 1.3])
+    per_block = block_speedups(*steady)
+    assert verdict_over_blocks(blocked_speedup(*steady), per_block) == PAYS
