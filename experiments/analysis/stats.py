@@ -98,6 +98,13 @@ def blocked_speedup(option: dict[str, tuple[float, float]], baseline: dict[str, 
                                                  "prompts within them")
 
 
+def records_speedup(option_records: list[dict], baseline_records: list[dict], n_boot: int = 4000,
+                    seed: int = 0) -> Interval:
+    """A level's speedup from both runs' records: over blocks, then prompts, where the level has several blocks."""
+    return blocked_speedup(prompt_totals(option_records), prompt_totals(baseline_records),
+                           prompt_blocks(option_records), n_boot, seed)
+
+
 def block_speedups(option: dict[str, tuple[float, float]], baseline: dict[str, tuple[float, float]],
                    blocks: dict[str, int], n_boot: int = 2000, seed: int = 0) -> dict[int, Interval]:
     """Each block's own paired speedup over its prompts."""

@@ -28,7 +28,7 @@ from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.forecast import ForecastUnavailable, forecast
 from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, RequestSteps, offline_steps
 from experiments.analysis.speedup.stepcost import fit_profile, key_of, level_steps, save_profile
-from experiments.analysis.stats import UNCLEAR, paired_speedup, prompt_totals, verdict
+from experiments.analysis.stats import UNCLEAR, records_speedup, verdict
 from experiments.config.paths import ROOT, cache_dir
 from experiments.tracking.import_runs import archive_stem, store_archive
 from experiments.tracking.offline_store import OfflineClient
@@ -179,8 +179,8 @@ def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_l
     out = []
     for f in result.overall():
         c = f.concurrency
-        m = paired_speedup(prompt_totals([r for r in records if r.get("concurrency") == c]),
-                           prompt_totals([r for r in base_records if r.get("concurrency") == c]))
+        m = records_speedup([r for r in records if r.get("concurrency") == c],
+                            [r for r in base_records if r.get("concurrency") == c])
         out.append(row | {"c": c, "forecast": f.speedup, "forecast_low": f.low, "forecast_high": f.high,
                           "forecast_verdict": f.verdict, "measured": m.estimate, "measured_low": m.low,
                           "measured_high": m.high, "measured_verdict": verdict(m), "tokens_per_step": f.tokens_per_step,
