@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from experiments.analysis.forecast_run import forecast_check, log_forecast
 from experiments.analysis.post_run import log_run_analysis
 from experiments.config import paths
+from experiments.config.closed import refuse_unknown_overrides
 from experiments.config.views import ConfigError, views_of
 from experiments.engines.base import InvalidLaunch
 from experiments.harness.baseline import PairingRefused
@@ -34,6 +35,7 @@ from experiments.harness.prepare import prepare_workload
 from experiments.harness.server import POOL
 from experiments.harness.workloads.formats import WorkloadError
 from experiments.tracking import redact
+from experiments.tracking.console_guard import guard_console
 
 SITE_ENV = "SPECWS_SITE"
 LOCAL_SITE = paths.ROOT / "conf" / "local" / "site.yaml"
@@ -97,6 +99,7 @@ def _redact_hydra_folder(cfg: DictConfig) -> None:
 def task(cfg: DictConfig) -> dict | None:
     """One Hydra job. A module-level name of its own (`main` is Hydra's wrapper): submitit's launchers pickle
     the task function by reference, so a job in another process imports it."""
+    guard_console()   # a job started by a launcher in its own process comes here without __main__
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)   # a closed terminal: torn down and KILLED like Ctrl-C
     # A shell starting us in the background (`cmd &`, nohup, some CI runners) leaves SIGINT ignored, and Python
@@ -134,7 +137,20 @@ def write_local_site(site: str, path=LOCAL_SITE) -> bool:
     return True
 
 
+def refuse_before_hydra(args: list[str]) -> None:
+    """Before Hydra composes: the command line's and the environment's secrets kept off the console (Hydra prints
+    the overrides of a failed job), and an override of an undeclared key refused naming the nearest one (exit 2)."""
+    guard_console()
+    redact.register_secrets(redact.secrets_of_overrides(args) | redact.secrets_of_environ(os.environ))
+    try:
+        refuse_unknown_overrides(args)
+    except Refused as exc:
+        console.print(f"[bold red]refused:[/] {exc}")
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    refuse_before_hydra(sys.argv[1:])
     if os.environ.get(SITE_ENV):
         write_local_site(os.environ[SITE_ENV])
     # This module by its name, not as __main__: submitit pickles `task` by reference only from an importable module

@@ -47,6 +47,44 @@ def refuse_unknown_keys(cfg: DictConfig) -> None:
         raise Refused(_message(str(exc.full_key), declared_keys())) from None
 
 
+def refuse_unknown_overrides(args: list[str]) -> None:
+    """Command-line overrides of keys no config file declares (`workload.concurency=[1]`, without `+`), refused
+    naming the nearest declared key before Hydra composes (which would only say it cannot override the key).
+    Additions (`+`, `++`), deletions, group paths and what Hydra cannot parse are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser, tree = OverridesParser.create(), declared_keys()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            (override,) = parser.parse_overrides([arg])
+        except HydraException:
+            continue
+        if override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None:
+            continue
+        unknown = _undeclared(override.key_or_group, tree)
+        if unknown:
+            raise Refused(_message(unknown, tree))
+
+
+def _undeclared(key: str, tree: dict) -> str | None:
+    """The first prefix of dotted `key` that `tree` does not declare; None when it does, or the key reaches a
+    leaf, a group path or a free-form block first (not this check's to judge)."""
+    if "/" in key:
+        return None
+    node: object = tree
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or ".".join(parts[:i]) in OPEN:
+            return None
+        if part not in node:
+            return ".".join(parts[:i + 1])
+        node = node[part]
+    return None
+
+
 @cache
 def declared_keys() -> dict:
     """Every declared key as a tree of dicts, each value None (see the module docstring for the sources)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -55,6 +56,14 @@ class WorkloadView:
     rate: float | None = None          # open loop: requests (conversations) per second
     burstiness: float = 1.0            # gamma's shape, as vllm bench serve --burstiness (1: Poisson)
     arrival_seed: int | None = None    # null: seed
+
+    @property
+    def label(self) -> str:
+        """The workload as run names give it: its name, with the prompt set when that is another (`grounded-code`,
+        `file-question`, `mixed-chat+code+6more`)."""
+        sets = [Path(p.strip()).stem for p in str(self.prompt_set).split(",") if p.strip()]
+        named = "+".join(sets if len(sets) <= 3 else [*sets[:2], f"{len(sets) - 2}more"])
+        return self.name if named in ("", self.name) else f"{self.name}-{named}"
 
     def __post_init__(self) -> None:
         _positive("workload", max_tokens=self.max_tokens, repetitions=self.repetitions, blocks=self.blocks,
@@ -182,6 +191,7 @@ def _http_url(key: str, url: str | None) -> None:
 class ServerView:
     """Where the server comes from: a running one (`url`), else one started (and pooled) by the runner."""
     url: str | None = None
+    api_key_env: str | None = None     # the name of the variable holding the servers' API key
     port: int | None = None
     startup_timeout_s: float = 900.0
     reuse: bool = True

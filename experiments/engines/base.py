@@ -201,6 +201,10 @@ class EngineAdapter(ABC):
         """Variables this engine's launch adds to `env` (the engine's and the site's)."""
         return {}
 
+    def api_key_launch(self, key: str) -> tuple[list[str], dict[str, str]]:
+        """The arguments and environment that make a server this workspace starts want `key` (SGLang: --api-key)."""
+        return ["--api-key", key], {}
+
     def read_served(self, url: str):
         """A running server's own account of itself (experiments/engines/served.py)."""
         raise NotImplementedError(f"no reader of a running {self.name} server's settings")

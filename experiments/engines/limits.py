@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
+from experiments.engines.auth import auth_headers
+
 # Differ between a baseline and a speculative run by construction, so two runs are not compared on them:
 # the speculative settings, and what speculation fixes itself and cannot be pinned without handicapping the
 # baseline (overlap/async scheduling, the KV pool that a draft model shares, and the CUDA-graph batch ceiling a
@@ -48,10 +50,15 @@ def _same(x: object, y: object) -> bool:
         return str(x) == str(y)
 
 
+def authorized(url: str) -> urllib.request.Request:
+    """A GET of `url` with its server's API key (experiments.engines.auth)."""
+    return urllib.request.Request(url, headers=auth_headers(url))
+
+
 def get_json(url: str, timeout_s: float = 10.0) -> dict | None:
     """The JSON at `url`, or None when the server does not answer it."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(authorized(url), timeout=timeout_s) as resp:
             return json.loads(resp.read())
     except (OSError, ValueError):
         return None

@@ -15,7 +15,7 @@ from urllib.request import urlopen
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments.engines.limits import INHERENT, SPEC_ONLY_PREFIXES, get_json, scalar
+from experiments.engines.limits import INHERENT, SPEC_ONLY_PREFIXES, authorized, get_json, scalar
 from experiments.engines.sglang_engine import server_info_limits
 
 # Differ between two launches of one command line (ids, ports, shared-memory names) or between a baseline and a
@@ -82,7 +82,7 @@ def behaviour_settings(settings: dict[str, str]) -> dict[str, str]:
 
 def _text(url: str, timeout_s: float = 10.0) -> str | None:
     try:
-        with urlopen(url, timeout=timeout_s) as resp:
+        with urlopen(authorized(url), timeout=timeout_s) as resp:
             return resp.read().decode(errors="replace")
     except (OSError, ValueError):
         return None

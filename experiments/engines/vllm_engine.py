@@ -64,6 +64,11 @@ class VLLMAdapter(EngineAdapter):
         from experiments.engines.speculation import VLLMSpeculation
         return VLLMSpeculation()
 
+    def api_key_launch(self, key: str) -> tuple[list[str], dict[str, str]]:
+        """VLLM_API_KEY: the check of --api-key (entrypoints/serve/middleware/register.py), kept off the command
+        line, which any process of the host can read."""
+        return [], {"VLLM_API_KEY": key}
+
     def read_served(self, url: str):
         from experiments.engines.served import read_vllm
         return read_vllm(url)

@@ -16,6 +16,7 @@ import psutil
 from experiments.config.errors import Refused
 from experiments.config.paths import cache_dir
 from experiments.engines import adapter_for
+from experiments.engines.auth import WANTS_KEY, auth_headers, use_key, wants_key
 from experiments.engines.served import Served, expected_speculation, speculation_mismatch
 from experiments.harness.server import EngineDied, VisitLog, listening_pids
 
@@ -67,6 +68,11 @@ class AttachedServer:
         digest = hashlib.sha256(served.instance.encode()).hexdigest()[:16]
         self.visits = FileVisitLog(visits_dir() / f"{digest}.jsonl")
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to this server carries: its API key, if it wants one."""
+        return auth_headers(self.base_url)
+
     def local_processes(self) -> list[psutil.Process]:
         """The server's processes where they run on this host: the one whose start time its /metrics gives (its
         tree holds the engine), and whatever listens on the URL's port here (a proxy in front of it)."""
@@ -84,7 +90,8 @@ class AttachedServer:
 
     def alive(self) -> bool:
         try:
-            return httpx.get(self.base_url + self.health_path, timeout=HEALTH_TIMEOUT_S).status_code == 200
+            return httpx.get(self.base_url + self.health_path, headers=self.headers,
+                             timeout=HEALTH_TIMEOUT_S).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -94,14 +101,20 @@ class AttachedServer:
             raise EngineDied(f"the server at {self.base_url} no longer answers {self.health_path}")
 
 
-def read_served(url: str, engine: str, health_path: str) -> Served:
-    """The server's own settings; refused within seconds when nothing healthy answers at `url`."""
+def read_served(url: str, engine: str, health_path: str, api_key: str | None = None) -> Served:
+    """The server's own settings, read with `api_key` (sent with every later request too); refused within seconds
+    when nothing healthy answers at `url`, or when it wants a key (or another one) than the one given."""
     url = url.rstrip("/")
+    use_key(url, api_key)
     try:
-        status = httpx.get(url + health_path, timeout=HEALTH_TIMEOUT_S).status_code
+        status = httpx.get(url + health_path, headers=auth_headers(url), timeout=HEALTH_TIMEOUT_S).status_code
+        models = httpx.get(url + "/v1/models", headers=auth_headers(url), timeout=HEALTH_TIMEOUT_S).status_code
     except httpx.HTTPError as exc:
         raise Refused(f"server.url={url}: no answer on {health_path} within {HEALTH_TIMEOUT_S:.0f} s "
                       f"({type(exc).__name__}); start the server or fix the URL") from None
+    for code, path in ((status, health_path), (models, "/v1/models")):
+        if code in WANTS_KEY:   # not a foreign or broken server: one that wants a key
+            raise Refused(wants_key(url, code, path))
     if status != 200:
         raise Refused(f"server.url={url}: {health_path} answers HTTP {status}, not 200: not a healthy {engine} server")
     try:

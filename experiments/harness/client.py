@@ -28,6 +28,7 @@ try:  # events are parsed and records written in the event loop, between arrival
 except ImportError:  # pragma: no cover - orjson comes with the sglang-cpu extra
     parse_json, dump_json = json.loads, json.dumps
 
+from experiments.engines.auth import auth_headers
 from experiments.engines.base import EngineAdapter, StreamError
 from experiments.harness.arrivals import CLOSED, Arrivals, arrive
 from experiments.harness.deadlines import (
@@ -180,7 +181,7 @@ class WorkloadRunner:
         st = self.settings
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(st.timeout_s, st.stall_timeout_s), sock_read=None)
         return aiohttp.ClientSession(self.server.base_url, timeout=timeout, read_bufsize=2 ** 22,
-                                     json_serialize=dump_json,
+                                     json_serialize=dump_json, headers=auth_headers(self.server.base_url),
                                      connector=aiohttp.TCPConnector(limit=max(plan.levels) + 2, ssl=False,
                                                                     keepalive_timeout=KEEPALIVE_S))
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from experiments.config.errors import Refused
 from experiments.engines import adapter_for
 from experiments.engines.config import launch_view_of
-from experiments.tracking.redact import redact_env, redact_text
+from experiments.tracking.redact import redact_env, redact_text, register_secret
 
 
 @dataclass
@@ -27,6 +29,7 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     model_path: str = ""
     extra: dict = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)   # the server wants it (server.api_key_env); never recorded
 
     @property
     def argv(self) -> list[str]:
@@ -55,7 +58,24 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     args = adapter.args_for_installed_version(launch.engine.python, args)
     env = dict(launch.env)
     env |= adapter.launch_env(launch, env)
+    key = api_key(OmegaConf.select(cfg, "server.api_key_env"))
+    if key:
+        key_args, key_env = adapter.api_key_launch(key)
+        args, env = [*args, *key_args], env | key_env
     return LaunchSpec(engine=launch.engine.name, python=launch.engine.python, module=launch.engine.module,
                       args=[str(a) for a in args], env={k: str(v) for k, v in env.items()},
                       health_path=launch.engine.health_path, model_path=launch.model.path,
-                      extra={"sglang_patches": launch.patches})
+                      extra={"sglang_patches": launch.patches}, api_key=key)
+
+
+def api_key(env_name: str | None) -> str | None:
+    """The servers' API key, from the environment variable `env_name` (`server.api_key_env`; None: no key),
+    registered as a secret (masked in everything a run writes or prints); refused when that variable is unset."""
+    if not env_name:
+        return None
+    key = os.environ.get(str(env_name), "")
+    if not key.strip():
+        raise Refused(f"server.api_key_env={env_name}: the environment variable {env_name} is not set; export it "
+                      "with the server's API key (the key itself never goes into the config)")
+    register_secret(key)
+    return key

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from experiments.config.views import RunView
 from experiments.engines import adapter_for, limits_mismatch
+from experiments.engines.auth import auth_headers
 from experiments.engines.base import Validation
 from experiments.engines.served import Served
 from experiments.harness.arrivals import Arrivals
@@ -29,6 +30,7 @@ from experiments.harness.baseline import (
 from experiments.harness.client import RequestSettings, WorkloadRunner, run_interleaved
 from experiments.harness.hostload import host_loaded
 from experiments.harness.launch import LaunchSpec
+from experiments.harness.partial import keep_partial
 from experiments.harness.prepare import PreparedWorkload
 from experiments.harness.server import POOL
 from experiments.harness.steps import step_excess
@@ -127,6 +129,8 @@ class Arm:
         self.telemetry.close()
         if self.runner is not None:
             m.warmup_metrics, m.warmup_failures = self.runner.warmup.metrics(), list(self.runner.warmup.failures)
+            if m.summary is None:   # stopped mid-workload: what the records so far measured
+                keep_partial(m, self.adapter)
         m.server_log = self.log_path if self.log_path.exists() else getattr(self.server, "log_path", None)
         if isinstance(self.target, LaunchSpec):
             _read_patches(m, self.target)
@@ -251,7 +255,7 @@ def _agreement_check(m: Measurement, store_client, baseline: Run, server, adapte
 
     def topk(ids: list[int]) -> list[tuple[int, float]]:
         path, body = adapter.topk_request(ids, v.model)
-        resp = httpx.post(server.base_url + path, json=body, timeout=120)
+        resp = httpx.post(server.base_url + path, json=body, headers=auth_headers(server.base_url), timeout=120)
         resp.raise_for_status()
         return adapter.parse_topk(resp.json())
 

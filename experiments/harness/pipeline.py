@@ -23,7 +23,7 @@ from experiments.engines.config import engine_tags
 from experiments.engines.served import Served, settings_mismatch
 from experiments.harness.attached import AttachedServer, check_first_visits, check_speculation, read_served
 from experiments.harness.baseline import PairingRefused, find_baseline, pair_key, served_pair_key
-from experiments.harness.launch import LaunchSpec, build_launch_spec
+from experiments.harness.launch import LaunchSpec, api_key, build_launch_spec
 from experiments.harness.measure import INTERLEAVED, Arm, compare_with_baseline, console, measure, measure_interleaved
 from experiments.harness.preflight import check_assets, check_engine_env
 from experiments.harness.prepare import PreparedWorkload
@@ -61,7 +61,7 @@ def validated_spec(cfg: DictConfig) -> tuple[LaunchSpec, Validation]:
 def attached(v: RunView, url: str, prepared: PreparedWorkload | None) -> Served:
     """The running server at `url`, checked to run the run's speculation and, unless a dry run (`prepared` None),
     never to have served one of the measured prompts (before any run is created)."""
-    served = read_served(url, v.engine, v.health_path)
+    served = read_served(url, v.engine, v.health_path, api_key(v.server.api_key_env))
     check_speculation(served, v.spec.method, v.spec.num_steps, v.spec.num_draft_tokens, v.option)
     if prepared is not None:
         server = AttachedServer(served, v.health_path)
@@ -151,7 +151,7 @@ def forecast_option(cfg: DictConfig, v: RunView, validation: Validation, key: st
     tags = engine_tags(cfg, validation.version) | {"specws.pair_key": key,
                                                    "specws.baseline_run_id": baseline.info.run_id}
     params = flatten(cfg)
-    with open_run(cfg, "forecast", v.run.name or f"{v.option}-{v.workload.name}-forecast", tags,
+    with open_run(cfg, "forecast", v.run.name or f"{v.option}-{v.workload.label}-forecast", tags,
                   params) as run:
         for line in forecaster(run.client, run.id, baseline, params):
             console.print(line)
@@ -168,7 +168,7 @@ def _paired_baseline(cfg: DictConfig, v: RunView, key: str, prepared: PreparedWo
     if found is not None:
         return found
     bcfg = with_option(cfg, "baseline")
-    bcfg.run.name = f"baseline-{v.workload.name}"
+    bcfg.run.name = f"baseline-{v.workload.label}"
     bv = views_of(bcfg)
     if v.baseline.url:
         btarget, bvalidation = _attached_baseline(bcfg, bv, v.baseline.url, key, prepared, target)
@@ -233,7 +233,7 @@ def run_interleaved_pair(cfg: DictConfig, v: RunView, target: LaunchSpec, valida
     block of first-seen prompts sent to one and then the other (ABBA), two runs open at once. The baseline's
     measurement is exported first, then the option is compared with it; both are exported on every way out."""
     bcfg = with_option(cfg, "baseline")
-    bcfg.run.name = f"baseline-{v.workload.name}"
+    bcfg.run.name = f"baseline-{v.workload.label}"
     bv = views_of(bcfg)
     btarget, bvalidation = validated_spec(bcfg)
     console.print("option and baseline paired in time: both servers up together, blocks of first-seen prompts "
@@ -266,10 +266,11 @@ def run_interleaved_pair(cfg: DictConfig, v: RunView, target: LaunchSpec, valida
 def _measured_run(cfg: DictConfig, v: RunView, target: Target, validation: Validation | None, key: str,
                   prepared: PreparedWorkload) -> Iterator[tuple[TrackedRun, Measurement, Uploads]]:
     """An open measured run with its launch record and workload logged: (run, its Measurement, its Uploads)."""
-    name = v.run.name or f"{v.option}-{v.workload.name}"
+    name = v.run.name or f"{v.option}-{v.workload.label}"
     tags = engine_tags(cfg, _version(target, validation)) | {"specws.pair_key": key, "specws.host": _host(cfg, target)}
     with open_run(cfg, "measure", name, tags) as run:
         m = Measurement(out_dir() / f"records-{run.id}.jsonl")
+        m.records_path.touch()   # named by every way the run ends, before a request finishes
         console.print(f"MLflow run [bold]{name}[/] ({run.id}) in {cfg.tracking.experiment}; records: {m.records_path}")
         run.client.set_tag(run.id, "specws.records_path", str(m.records_path))
         uploads = Uploads(run.client, run.id, m.records_path)

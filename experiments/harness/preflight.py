@@ -5,27 +5,22 @@ import importlib.util
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
-from urllib.parse import quote, unquote, urlparse
 
-import httpx
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.closed import refuse_unknown_keys
 from experiments.config.errors import Refused  # noqa: F401  (re-exported for the callers)
 from experiments.engines import adapter_for
+from experiments.engines.auth import refuse_key_flags
 from experiments.engines.config import available_on_site, engine_name, forced_patches, sglang_patches_for, site_args
 from experiments.engines.knobs import refuse_unused_knobs
-from experiments.tracking.offline_store import URI_PREFIX
-from experiments.tracking.redact import redact_text
-from experiments.tracking.store import sqlite_file
+from experiments.harness.head_fields import REQUIRED_TO_LOAD, check_head_fields
+from experiments.harness.store_check import check_tracking, check_writable
 from sglang_patches import UnknownPatch, resolve
 
 # Any one of these makes a Hugging Face folder's tokenizer loadable (fast, SentencePiece, BPE, tiktoken).
@@ -33,9 +28,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.
 ENGINE_PROBE_TIMEOUT_S = 30.0
 # NVLink multicast off in every process of a multi-GPU site: on a shared host it can take the GPUs out of service.
 MULTICAST_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-TRACKING_TIMEOUT_S = 5.0
-SQLITE_HEADER = b"SQLite format 3\x00"
-MLFLOW_TABLES = frozenset({"experiments", "runs", "alembic_version"})
 JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
               type(None): "null"}
 
@@ -61,6 +53,7 @@ def check_option(cfg: DictConfig) -> None:
                       f"(it has {site_engines})")
     check_multicast_off(cfg)
     check_patches(cfg)
+    refuse_key_flags([*site_args(cfg), *cfg.engine.extra_args])
     refuse_unused_knobs(cfg)
     if cfg.spec.get("moe_expert_budget") is not None:
         check_moe_model(cfg)
@@ -197,148 +190,14 @@ def _imports(python: str, package: str) -> bool:
         return False
 
 
-def check_tracking(cfg: DictConfig) -> None:
-    """The store of tracking.uri can be written (a local folder, a SQLite file that is an MLflow store or new) or
-    answers within seconds (a server); the artifact folders the run writes can be written."""
-    try:
-        uri = str(cfg.tracking.uri)
-    except OmegaConfBaseException as exc:
-        raise Refused(f"tracking.uri cannot be resolved ({str(exc).splitlines()[0]}); set MLFLOW_TRACKING_URI "
-                      "for tracking=server, or use tracking=local") from None
-    shown = redact_text(uri)
-    where, fix = f"tracking.uri={shown}", "point tracking.uri at a writable place"
-    if uri.startswith(URI_PREFIX):   # the offline store keeps its artifacts in its own folder
-        _check_writable(Path(uri.removeprefix(URI_PREFIX)), where, fix)
-        return
-    if uri.startswith(("http://", "https://")):
-        _check_tracking_server(uri, shown)
-    elif (db := sqlite_file(uri)) is not None:
-        _check_writable(db.parent, where, fix)
-        if _sqlite_store_has(db, shown, str(cfg.tracking.experiment)):
-            _check_experiment_location(uri, shown, str(cfg.tracking.experiment))
-    elif uri.startswith("file://"):
-        _check_writable(Path(uri.split("://", 1)[1]), where, fix)
-    elif "://" not in uri:   # a plain folder: MLflow's file store
-        _check_writable(Path(uri), where, fix)
-    if cfg.tracking.get("artifact_root"):
-        root = Path(str(cfg.tracking.artifact_root))
-        _check_writable(root, f"tracking.artifact_root={root}", "set tracking.artifact_root to a writable folder")
-
-
-def _check_writable(folder: Path, where: str, fix: str) -> None:
-    """The folder exists or can be made, and a file can be created in it: tried, since os.access says yes to
-    root and to an immutable folder."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Refused(f"{where}: cannot create the folder {folder} ({exc.strerror or exc}); {fix}") from None
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".specws-write-check-")
-    except OSError as exc:
-        raise Refused(f"{where}: cannot write in the folder {folder} ({exc.strerror or exc}); {fix}") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def _sqlite_store_has(db: Path, shown: str, experiment: str) -> bool:
-    """Whether the store's SQLite file holds the experiment, read without changing the file. A missing or empty
-    file (MLflow creates it) or a database without tables is a new store; a file that is not SQLite, or a
-    database with tables but none of MLflow's, is refused."""
-    where = f"tracking.uri={shown}"
-    fix = "move the file away or point tracking.uri at another file"
-    if not db.exists() or (db.is_file() and db.stat().st_size == 0):
-        return False
-    try:
-        with open(db, "rb") as f:
-            header = f.read(len(SQLITE_HEADER))
-    except OSError as exc:
-        raise Refused(f"{where}: cannot read {db} ({exc.strerror or exc}); {fix}") from None
-    if header != SQLITE_HEADER:
-        raise Refused(f"{where}: {db} is not a SQLite database (no SQLite header); {fix}")
-    try:
-        tables = _sqlite_tables(db)
-        found = "experiments" in tables and _sqlite_has_experiment(db, experiment)
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc):   # another runner is writing: MLflow waits for the lock itself
-            return False
-        raise Refused(f"{where}: cannot read the SQLite database {db} ({exc}); {fix}") from None
-    except sqlite3.DatabaseError as exc:
-        raise Refused(f"{where}: {db} is a damaged SQLite database ({exc}); {fix}") from None
-    if tables and not tables & MLFLOW_TABLES:
-        raise Refused(f"{where}: {db} is a SQLite database but not an MLflow store (its tables: "
-                      f"{', '.join(sorted(tables)[:5])}); {fix}")
-    return found
-
-
-def _read_only(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True)
-
-
-def _sqlite_tables(db: Path) -> set[str]:
-    con = _read_only(db)
-    try:
-        return {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    finally:
-        con.close()
-
-
-def _sqlite_has_experiment(db: Path, experiment: str) -> bool:
-    con = _read_only(db)
-    try:
-        return con.execute("SELECT 1 FROM experiments WHERE name = ?", (experiment,)).fetchone() is not None
-    finally:
-        con.close()
-
-
-def _check_experiment_location(uri: str, shown: str, experiment: str) -> None:
-    """An experiment that exists keeps its artifact location (fixed when it was created): a local one must be
-    writable, whatever tracking.artifact_root says now."""
-    if importlib.util.find_spec("mlflow") is None:   # the store's setup says what to use instead
-        return
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    try:
-        exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
-    except MlflowException as exc:
-        raise Refused(f"tracking.uri={shown}: MLflow cannot open the store ({str(exc).splitlines()[0]}); "
-                      "upgrade it with `mlflow db upgrade` or point tracking.uri at another file") from None
-    folder = _local_folder(exp.artifact_location) if exp is not None else None
-    if folder is not None:
-        _check_writable(folder, f"the artifact location of experiment {experiment} (store tracking.uri={shown})",
-                        "set tracking.experiment to a new name (its artifacts then go under tracking.artifact_root) "
-                        "or make the folder writable")
-
-
-def _local_folder(location: str | None) -> Path | None:
-    """The folder of a `file://` URI or a plain path; None for a remote location."""
-    if not location:
-        return None
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    return None if parsed.scheme else Path(location)
-
-
 def check_output_dir() -> None:
     """The Hydra job's output folder (records, server log) can be written; no Hydra (an API caller), no check."""
     if not HydraConfig.initialized():
         return
     hydra = HydraConfig.get()
     key = "hydra.sweep.dir" if hydra.mode == RunMode.MULTIRUN else "hydra.run.dir"
-    _check_writable(Path(hydra.runtime.output_dir), f"the run's output folder ({key})",
+    check_writable(Path(hydra.runtime.output_dir), f"the run's output folder ({key})",
                     f"set {key} to a writable folder")
-
-
-def _check_tracking_server(uri: str, shown: str) -> None:
-    try:
-        reply = httpx.get(uri, timeout=TRACKING_TIMEOUT_S, follow_redirects=True)
-    except httpx.HTTPError as exc:
-        raise Refused(f"tracking.uri={shown}: no answer within {TRACKING_TIMEOUT_S:.0f} s ({type(exc).__name__}: "
-                      f"{redact_text(str(exc))}); start the tracking server or set tracking.uri") from None
-    if reply.status_code in (401, 403):
-        raise Refused(f"tracking.uri={shown}: the server refused access (HTTP {reply.status_code}); set "
-                      "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN")
 
 
 def check_assets(cfg: DictConfig) -> None:
@@ -365,8 +224,10 @@ def check_head(cfg: DictConfig, required: bool = True) -> None:
 
 
 def check_head_loads(cfg: DictConfig, head: Path) -> None:
-    """Refused when the engine cannot load the head's config.json as it is (EngineAdapter.head_config_problems)."""
+    """Refused when the engine cannot load the head's config.json as it is: a field it reads missing or of the
+    wrong kind (head_fields), or what the engine itself cannot take (EngineAdapter.head_config_problems)."""
     config = read_config(head / "config.json", f"EAGLE-3 head {head}")
+    check_head_fields(config, head / "config.json", REQUIRED_TO_LOAD)
     problems = adapter_for(engine_name(cfg)).head_config_problems(config)
     if problems:
         raise Refused(f"{engine_name(cfg)} cannot load EAGLE-3 head {head}: " + "; ".join(problems))
@@ -375,8 +236,14 @@ def check_head_loads(cfg: DictConfig, head: Path) -> None:
 def check_head_fits(head: Path, model: Path) -> None:
     """An EAGLE-3 head must match its target: hidden size, vocabulary, aux layers inside its depth."""
     h = read_config(head / "config.json", f"EAGLE-3 head {head}")
+    check_head_fields(h, head / "config.json", ("vocab_size",) if "target_hidden_size" in h else
+                      ("hidden_size", "vocab_size"))
     t = read_config(model / "config.json", f"target model {model}")
     t = t.get("text_config", t)
+    lacking = [k for k in ("hidden_size", "vocab_size", "num_hidden_layers") if not isinstance(t.get(k), int)]
+    if lacking:
+        raise Refused(f"target model {model}: {model / 'config.json'} has no integer {', '.join(lacking)}; "
+                      "fix or replace the file")
     problems = []
     if h.get("target_hidden_size", h.get("hidden_size")) != t["hidden_size"]:
         problems.append(f"hidden size {h.get('target_hidden_size', h.get('hidden_size'))} vs the target's "
@@ -384,7 +251,7 @@ def check_head_fits(head: Path, model: Path) -> None:
     if h.get("vocab_size") != t["vocab_size"]:
         problems.append(f"vocabulary {h.get('vocab_size')} vs the target's {t['vocab_size']}")
     ids = (h.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
-    beyond = [i for i in ids if not 0 <= int(i) < t["num_hidden_layers"]]
+    beyond = [i for i in ids if not 0 <= i < t["num_hidden_layers"]]
     if beyond:
         problems.append(f"aux layer ids {beyond} beyond the target's {t['num_hidden_layers']} layers")
     if problems:

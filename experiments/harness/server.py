@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from experiments.config.errors import Refused
+from experiments.engines.auth import WANTS_KEY, auth_headers, use_key, wants_key
 from experiments.harness.devices import DEVICES, device_ids, lock_dir
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.ports import free_port, hold_port
@@ -32,6 +34,10 @@ class EngineStartError(RuntimeError):
 
 class ForeignServer(EngineStartError):
     """Something answers on the server's port that is not the process this runner started."""
+
+
+class ServerWantsKey(EngineStartError, Refused):
+    """The server answers 401/403: it wants an API key (or another one); not a foreign server, nothing relaunched."""
 
 
 class EngineDied(RuntimeError):
@@ -78,6 +84,11 @@ class Server:
     def base_url(self) -> str:
         return f"http://{self.spec.host}:{self.spec.port}"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to this server carries: its API key, if it wants one."""
+        return auth_headers(self.base_url)
+
     def start(self, timeout_s: float, preferred_port: int | None = None, attempts: int = 3,
               health_poll_s: float = 1.0) -> None:
         """Start and wait for health (asked every `health_poll_s`); a port lost to another process between
@@ -107,6 +118,7 @@ class Server:
 
     def _start_once(self, timeout_s: float, health_poll_s: float) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        use_key(self.base_url, self.spec.api_key)
         log = open(self.log_path, "ab")
         log.write(f"$ {redact_text(' '.join(self.spec.argv))}\n".encode())
         log.flush()
@@ -158,7 +170,10 @@ class Server:
         if name is None:
             return
         try:
-            served = [m.get("id") for m in httpx.get(self.base_url + "/v1/models", timeout=10.0).json()["data"]]
+            reply = httpx.get(self.base_url + "/v1/models", headers=self.headers, timeout=10.0)
+            if reply.status_code in WANTS_KEY:
+                raise ServerWantsKey(wants_key(self.base_url, reply.status_code, "/v1/models"))
+            served = [m.get("id") for m in reply.json()["data"]]
         except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ForeignServer(f"{where} does not list its models on /v1/models ({exc}): not the "
                                 f"{self.spec.engine} server this runner started") from None

@@ -55,6 +55,13 @@ def register_secrets(values: Iterable[str]) -> None:
     _registered.update(v for v in map(str, values) if plausible_secret(v))
 
 
+def register_secret(value: str) -> None:
+    """A value known to be a secret (an API key from the environment): masked from now on whatever it looks like,
+    a number included, if it has MIN_SECRET_LEN characters."""
+    if len(value.strip()) >= MIN_SECRET_LEN:
+        _registered.add(value)
+
+
 def registered_secrets() -> frozenset[str]:
     return frozenset(_registered)
 

@@ -12,11 +12,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.tracking.console_guard import redact_logs
 from experiments.tracking.lifecycle import TrackedRun, apply_pending_ends, fail_stale_runs, tracked_run
 from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
 from experiments.tracking.redact import register_secrets, secrets_of_config, secrets_of_environ
 from experiments.tracking.redacting import RedactingClient
-from experiments.tracking.spool import SpoolingClient, apply_spooled, is_remote
+from experiments.tracking.spool import SpoolingClient, apply_spooled, spools
 from experiments.tracking.store import flatten, mlflow, run_tags, sqlite_file
 
 
@@ -54,7 +55,9 @@ def setup(cfg: DictConfig) -> tuple[Any, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder.
     An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store).
     The client redacts what it writes: the secrets of the config and of this process's environment included; on a
-    tracking server (http(s)) it spools a run's writes to disk once the server is unreachable (tracking.spool)."""
+    tracking server (http(s)) or a SQLite file it spools a run's writes to disk once the store fails (tracking.spool).
+    Log records are redacted from here on, and MLflow prints no run URL (tracking.console_guard)."""
+    redact_logs()
     plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])   # a sweep callback's has it, unresolvable
     register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)) | secrets_of_environ(os.environ))
     if str(cfg.tracking.uri).startswith(URI_PREFIX):
@@ -70,7 +73,7 @@ def setup(cfg: DictConfig) -> tuple[Any, str]:
     uri = str(cfg.tracking.uri)
     with _store_lock(uri):
         plain_client = MlflowClient()
-        client = RedactingClient(SpoolingClient(plain_client, uri) if is_remote(uri) else plain_client)
+        client = RedactingClient(SpoolingClient(plain_client, uri) if spools(uri) else plain_client)
         exp_id = _experiment_id(client, cfg)
     _fail_stale_once(client, uri, exp_id, plain_client)
     return client, exp_id
@@ -88,7 +91,7 @@ def _fail_stale_once(client, uri: str, experiment_id: str, plain_client=None) ->
     _checked_for_stale.add((uri, experiment_id))
     if not uri.startswith(URI_PREFIX):
         apply_pending_ends(client)   # first: a run with a kept end is not a stale one
-    if is_remote(uri):
+    if spools(uri):
         apply_spooled(plain_client, uri)
     fail_stale_runs(client, experiment_id)
 

@@ -1,8 +1,9 @@
-"""Writes a tracking server could not take, kept on this machine until it can: once a write of a run to an
-http(s) tracking server fails because the server cannot be reached (refused or dropped connections, timeouts,
-5xx answers after MLflow's own retries), that write and every later one of the run -- metrics, params, tags,
-artifacts, dataset inputs, its end -- go to a spool folder in the offline store's layout (experiments.tracking.
-offline_store) instead, and the run's measurement goes on. The next run on the same tracking URI records them
+"""Writes a tracking store could not take, kept on this machine until it can: once a write of a run fails because
+the store itself failed -- an http(s) tracking server that cannot be reached (refused or dropped connections,
+timeouts, 5xx answers after MLflow's own retries), or a SQLite store that is locked past MLflow's wait, damaged,
+read-only or on a full disk -- that write and every later one of the run (metrics, params, tags, artifacts, dataset
+inputs, its end) go to a spool folder in the offline store's layout (experiments.tracking.offline_store) instead,
+and the run's measurement goes on. The next run on the same tracking URI records them once the store is usable
 (experiments.tracking.runs.setup), or `python -m experiments.tracking.spool [--tracking-uri URI]` does.
 
 A run still being spooled by a live process is left alone; a spool whose writer died without ending the run is
@@ -33,11 +34,14 @@ from experiments.tracking.offline_store import OfflineClient
 from experiments.tracking.processes import same_process
 from experiments.tracking.records import read_jsonl
 from experiments.tracking.redact import redact_text
-from experiments.tracking.store import log_inputs, log_params
+from experiments.tracking.store import log_inputs, log_params, sqlite_file
 
 console = Console(stderr=True)
 WRITES = ("log_batch", "log_metric", "log_param", "set_tag", "set_terminated", "log_dict", "log_text", "log_figure",
           "log_artifact", "log_artifacts", "log_inputs")
+# A SQLite store's failing end (locked by another runner, mostly) is the lifecycle's to retry and keep on disk
+# (tracking.lifecycle); a run's data, or an end that follows data already spooled, goes to the spool.
+END_WRITES = ("set_tag", "set_terminated")
 
 
 class ServerUnreachable(RuntimeError):
@@ -48,9 +52,17 @@ def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
+def spools(uri: str) -> bool:
+    """Whether a run's writes to the store of `uri` go to the spool once the store fails: a tracking server or a
+    SQLite file (an offline store is plain files, a file store has nothing to fall back on)."""
+    return is_remote(uri) or sqlite_file(uri) is not None
+
+
 def unreachable(exc: BaseException) -> bool:
-    """Whether `exc` (or what it was raised from) says the server could not be reached: a connection error, a
-    timeout, retries exhausted, a 5xx answer. A 4xx answer is the server refusing the write: not unreachable."""
+    """Whether `exc` (or what it was raised from) says the store failed, not the write: a server that could not
+    be reached (a connection error, a timeout, retries exhausted, a 5xx answer; a 4xx answer is the server refusing
+    the write), or a database that could not be used (locked, damaged, read-only, full; not a constraint that the
+    write broke)."""
     import requests
 
     seen: set[int] = set()
@@ -58,10 +70,24 @@ def unreachable(exc: BaseException) -> bool:
         seen.add(id(exc))
         if isinstance(exc, requests.exceptions.HTTPError):
             return exc.response is None or exc.response.status_code >= 500
-        if isinstance(exc, requests.exceptions.RequestException):
+        if isinstance(exc, requests.exceptions.RequestException) or _database_failed(exc):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _database_failed(exc: BaseException) -> bool:
+    """SQLite's (or SQLAlchemy's account of its) OperationalError, or a DatabaseError that is not about the
+    statement ("database disk image is malformed", "file is not a database")."""
+    import sqlite3
+
+    import sqlalchemy.exc as sa
+
+    if isinstance(exc, sqlite3.OperationalError | sa.OperationalError):
+        return True
+    statement = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.DataError, sqlite3.NotSupportedError,
+                 sa.IntegrityError, sa.ProgrammingError, sa.DataError, sa.NotSupportedError)
+    return isinstance(exc, sqlite3.DatabaseError | sa.DatabaseError) and not isinstance(exc, statement)
 
 
 def spool_root(uri: str) -> Path:
@@ -70,13 +96,14 @@ def spool_root(uri: str) -> Path:
 
 
 class SpoolingClient:
-    """Wraps an MlflowClient of an http(s) URI: a run's writes go to the spool from its first write that finds
-    the server unreachable on; reads of that run then fail at once (ServerUnreachable); all else is forwarded."""
+    """Wraps an MlflowClient of an http(s) or SQLite URI: a run's writes go to the spool from its first write that
+    finds the store failed on; reads of that run then fail at once (ServerUnreachable); all else is forwarded."""
 
     def __init__(self, client: Any, uri: str) -> None:
         self._client, self._uri = client, uri
         self._spool = spool_root(uri)
         self._spooling: set[str] = set()
+        self._starters = WRITES if is_remote(uri) else tuple(w for w in WRITES if w not in END_WRITES)
 
     @property
     def wrapped(self) -> Any:
@@ -96,7 +123,7 @@ class SpoolingClient:
             run_id = args[0] if args else kwargs.get("run_id")
             if isinstance(run_id, str) and run_id in self._spooling:
                 raise ServerUnreachable(f"run {run_id} is being spooled to {self._spool / run_id}: "
-                                        f"the tracking server {redact_text(self._uri)} is unreachable")
+                                        f"the tracking store {redact_text(self._uri)} failed")
             return method(*args, **kwargs)
         return call
 
@@ -108,7 +135,7 @@ class SpoolingClient:
                 try:
                     return method(*args, **kwargs)
                 except Exception as exc:
-                    if not isinstance(run_id, str) or not unreachable(exc):
+                    if not isinstance(run_id, str) or name not in self._starters or not unreachable(exc):
                         raise
                     self._start(run_id, exc)
             return self._write(name, inspect.signature(method).bind(*args, **kwargs))
@@ -127,9 +154,12 @@ class SpoolingClient:
                                             "pid_start": me.create_time(), "host": platform.node(),
                                             "since": _now_ms(), "reason": reason})
         self._spooling.add(run_id)
-        console.print(f"[bold red]the tracking server {redact_text(self._uri)} is unreachable[/] ({reason}); run "
-                      f"{run_id}'s writes are kept in {folder}: the next run on this store records them, or "
-                      f"`python -m experiments.tracking.spool --tracking-uri {redact_text(self._uri)}`")
+        store = redact_text(self._uri)
+        failed = f"the tracking server {store} is unreachable" if is_remote(self._uri) else \
+            f"the tracking store {store} failed"
+        console.print(f"[bold red]{failed}[/] ({reason}); run {run_id}'s writes are kept in {folder}: the next run "
+                      f"on this store records them once it is usable, or "
+                      f"`python -m experiments.tracking.spool --tracking-uri {store}`")
 
     def _write(self, name: str, bound: inspect.BoundArguments) -> None:
         bound.apply_defaults()
@@ -222,13 +252,14 @@ def _now_ms() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Record the writes this machine spooled while a tracking server was "
-                                             "unreachable (runs start doing it by themselves).")
+    ap = argparse.ArgumentParser(description="Record the writes this machine spooled while a tracking store failed "
+                                             "(runs start doing it by themselves).")
     ap.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                    help="the server's URI (default: MLFLOW_TRACKING_URI)")
+                    help="the store's URI (default: MLFLOW_TRACKING_URI)")
     args = ap.parse_args(argv)
-    if not args.tracking_uri or not is_remote(args.tracking_uri):
-        ap.error("give the tracking server's http(s) URI (--tracking-uri or MLFLOW_TRACKING_URI)")
+    if not args.tracking_uri or not spools(args.tracking_uri):
+        ap.error("give the tracking server's http(s) URI or the sqlite:/// store (--tracking-uri or "
+                 "MLFLOW_TRACKING_URI)")
     from mlflow.tracking import MlflowClient
 
     done = apply_spooled(MlflowClient(args.tracking_uri), args.tracking_uri)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import compose_cfg, run_workspace
 
-from experiments.config.closed import OPEN, declared_keys, nearest, refuse_unknown_keys
+from experiments.config.closed import OPEN, declared_keys, nearest, refuse_unknown_keys, refuse_unknown_overrides
 from experiments.harness.preflight import Refused, check_option
 
 OPTIONS = ("baseline", "A", "B", "C", "D", "E")
@@ -120,8 +120,20 @@ def test_a_misspelt_key_in_your_own_workload_file_is_refused(tmp_path: Path) -> 
     assert "conf/workload/_base.yaml" in said
 
 
-def test_overriding_an_undeclared_key_without_plus_is_refused_by_hydra() -> None:
-    """Hydra refuses it while composing, before the runner starts (its own message, exit code 1); with `+` it
-    reaches the check above."""
-    rc, said = _refused("workload.max_token=64")
-    assert rc == 1 and "Could not override 'workload.max_token'" in said, said
+def test_a_plain_typo_without_plus_gets_the_nearest_key_before_hydra_composes() -> None:
+    """Without `+`, Hydra would refuse it while composing with its own message and no nearest key (exit code 1):
+    the runner's entry point refuses it first, in the same words as an added key."""
+    rc, said = _refused("workload.concurency=[1]")
+    assert rc == 2 and "refused: unknown setting workload.concurency" in said, said
+    assert "did you mean workload.concurrency?" in said and "Could not override" not in said, said
+    rc, said = _refused("spec.num_draft_token=3")
+    assert rc == 2 and "did you mean spec.num_draft_tokens?" in said, said
+
+
+def test_overrides_of_declared_keys_groups_and_free_form_blocks_pass_the_typo_check() -> None:
+    refuse_unknown_overrides(["workload.concurrency=[1]", "+option=A", "site=local", "tracking=server",
+                              "hydra.run.dir=x", "-m", "engine.env.ANY=1", "run.tags.anything=1",
+                              "spec.ngram.min_match=2", "hydra/launcher=slurm_box", "++workload.new_key=1",
+                              "~workload.slo", "server.api_key_env=KEY_VAR"])
+    with pytest.raises(Refused, match="unknown setting workloda: .*did you mean workload\\?"):
+        refuse_unknown_overrides(["workloda=file"])
