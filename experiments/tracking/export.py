@@ -36,6 +36,8 @@ class Measurement:
     server_log: Path | None = None
     baseline_tok_s: dict[int, float] | None = None              # the baseline's per level, for the plot
     telemetry: Any = None                                       # harness.telemetry.LevelTelemetry
+    host: dict | None = None              # harness.fingerprint.HostRecord.to_dict(): host.json, its summary as tags
+    host_calibration: dict | None = None  # harness.calibration.HostCalibration.to_dict(): host_calibration.json
 
 
 def export_inputs(uploads: Uploads, launch: dict, name: str) -> None:
@@ -54,7 +56,8 @@ def export(client, run_id: str, m: Measurement, uploads: Uploads) -> None:
     """Write `m` into run `run_id`: metrics, tags and limits go to the store first; plots, summaries, the records
     and the server log are artifacts, each tried on its own (a failure is kept in `uploads`)."""
     _log_metrics(client, run_id, {**m.metrics, **m.warmup_metrics}, m.summary)
-    for key, value in m.tags.items():
+    host_tags = {f"host.{k}": v for k, v in ((m.host or {}).get("summary") or {}).items()}
+    for key, value in {**host_tags, **m.tags}.items():
         client.set_tag(run_id, key, value)
     if m.limits is not None:
         log_params(client, run_id, {f"{LIMIT_PARAM}{k}": str(v) for k, v in m.limits.items()})
@@ -70,6 +73,9 @@ def export(client, run_id: str, m: Measurement, uploads: Uploads) -> None:
         uploads.write("sglang_patches.applied", lambda: client.set_tag(run_id, "sglang_patches.applied", m.patches_tag))
         uploads.dict(m.patches, "sglang_patches.json")
     _log_telemetry(client, run_id, m.telemetry, uploads)
+    for data, name in ((m.host, "host.json"), (m.host_calibration, "host_calibration.json")):
+        if data is not None:
+            uploads.dict(data, name)
     if m.records_path.exists():
         uploads.file(m.records_path, "records")
     if m.server_log is not None and m.server_log.exists():
