@@ -143,3 +143,12 @@ def read_log(path: Path | str | None) -> LogFacts:
         return parse_log(Path(path).read_text(errors="replace"))
     except OSError:
         return LogFacts()
+
+
+def resolved_args(facts: dict) -> dict:
+    """The resolved arguments in an engine-facts record (experiments/harness/serving_env.py `engine_facts`): the
+    log's (every ServerArgs field; vLLM's engine config with its non-default args), else the server's settings."""
+    log = facts.get("log") or {}
+    if log.get("args") or log.get("non_default"):
+        return {**{f"config.{k}": v for k, v in (log.get("non_default") or {}).items()}, **(log.get("args") or {})}
+    return dict((facts.get("served") or {}).get("settings") or {})

