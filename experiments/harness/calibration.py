@@ -167,17 +167,23 @@ class HostCalibration:
     `host_calibration.json` artifact) at the end; `close()` on every way out. A probe that cannot start or stops
     answering turns the calibration off (`status` says why); it never fails the run."""
 
-    def __init__(self, python: str, env: dict[str, str] | None = None, device: str = "auto",
+    def __init__(self, python: str | None, env: dict[str, str] | None = None, device: str = "auto",
                  timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        """`python`: the serving interpreter (LaunchSpec.python) and `env` the server's (LaunchSpec.env); None for
+        a server whose interpreter is unknown (`server.url`): then only the engine's CPU time is measured."""
         self.python, self.device, self.timeout_s = python, device, timeout_s
         self.samples: list[ProbeSample] = []
         self.engine = EngineCpu()
         self.info: dict = {}
         self.status = "on"
+        self.probe: ProbeProcess | None = None
+        if python is None:
+            self.status = "off: no serving interpreter to probe in"
+            return
         try:
-            self.probe: ProbeProcess | None = ProbeProcess(python, env, device)
+            self.probe = ProbeProcess(python, env, device)
         except OSError as exc:
-            self.probe, self.status = None, f"off: the probe did not start ({exc})"
+            self.status = f"off: the probe did not start ({exc})"
 
     def sample(self, level: int, when: str, block: int | str = 0) -> ProbeSample | None:
         """One probe sample labelled (level, block, when); None once the probe is off."""
