@@ -79,3 +79,28 @@ def test_taken_port_is_replaced() -> None:
         other = free_port(taken)
         assert other != taken and port_is_free(other)
     assert free_port(other) == other
+
+
+def test_an_api_key_from_the_environment_reaches_the_servers_and_never_the_record(monkeypatch) -> None:
+    """server.api_key_env names the variable: SGLang gets --api-key (its parser takes it), vLLM VLLM_API_KEY (the
+    same check as its --api-key, off the command line); the recorded launch spec holds neither."""
+    from experiments.harness.preflight import Refused, check_option
+    from experiments.tracking.redact import redact_text
+
+    key = "sk-parser-key-5e1f"
+    monkeypatch.setenv("SPECWS_TEST_API_KEY", key)
+    spec = build_launch_spec(compose_cfg("+option=A", "site=blackwell", "server.api_key_env=SPECWS_TEST_API_KEY"))
+    assert spec.args[spec.args.index("--api-key") + 1] == key and spec.api_key == key
+    result = SGLangAdapter().validate(sys.executable, spec.args)
+    assert result.ok, result.error
+    vllm = build_launch_spec(compose_cfg("+option=A", "server.api_key_env=SPECWS_TEST_API_KEY"))
+    assert vllm.env["VLLM_API_KEY"] == key and "--api-key" not in vllm.args
+    for recorded in (spec.to_dict(), vllm.to_dict()):
+        assert key not in str(recorded)
+    assert key not in redact_text(repr(spec))   # registered as a secret: masked in whatever prints it
+    assert vllm.to_dict()["env"]["VLLM_API_KEY"] == "***"
+    monkeypatch.delenv("SPECWS_TEST_API_KEY")
+    with pytest.raises(Refused, match="the environment variable SPECWS_TEST_API_KEY is not set"):
+        build_launch_spec(compose_cfg("+option=A", "server.api_key_env=SPECWS_TEST_API_KEY"))
+    with pytest.raises(Refused, match="--api-key is set in the config .*server.api_key_env"):
+        check_option(compose_cfg("+option=A", "site=blackwell", "engine.extra_args=[--api-key,sk-in-the-config]"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import resource
 import shutil
@@ -23,7 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from mlflow.tracking import MlflowClient
 from omegaconf import open_dict
 
-from experiments.harness import preflight
+from experiments.config.paths import ROOT
+from experiments.harness import store_check
 from experiments.harness.preflight import (
     Refused,
     check_assets,
@@ -134,7 +136,7 @@ def test_tracking_server_that_does_not_answer_is_refused_within_seconds(tmp_path
         check_tracking(_dry(tmp_path, f"tracking.uri={closed}"))
     assert "s3cr3t" not in str(refused.value)
     assert time.monotonic() - started < 5
-    monkeypatch.setattr(preflight, "TRACKING_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(store_check, "TRACKING_TIMEOUT_S", 0.5)
     with socket.socket() as silent:   # accepts connections (the kernel's backlog) and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
@@ -153,6 +155,8 @@ HEAD = {"hidden_size": 576, "vocab_size": 49152, "draft_vocab_size": 4096,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}}
 TARGET = {"hidden_size": 576, "vocab_size": 49152, "num_hidden_layers": 30}
 BROKEN_JSON = '{\n  "hidden_size": 576,\n  "vocab_size": \n}\n'   # "Expecting value" at line 4, column 1
+FULL_HEAD = json.loads((ROOT / "experiments" / "eagle3" / "artifacts" / "smollm2_135m" / "config.json").read_text())
+AUX = "eagle_aux_hidden_state_layer_ids"
 
 
 def _refused_from_cli(tmp_path: Path, *overrides: str) -> str:
@@ -189,6 +193,14 @@ def _model(folder: Path, config_text: str) -> Path:
     return folder
 
 
+def _without(*names: str) -> dict:
+    return {k: v for k, v in FULL_HEAD.items() if k not in names}
+
+
+def _head_cfg(d: Path, head: dict) -> list[str]:
+    return [f"spec.draft_model={_head(d / 'head', json.dumps(head))}"]
+
+
 BROKEN_CONFIGS = {
     "head not JSON": (lambda d: [f"spec.draft_model={_head(d / 'head', BROKEN_JSON)}"],
                       "head/config.json is not valid JSON (Expecting value at line 4, column 1)"),
@@ -197,6 +209,12 @@ BROKEN_CONFIGS = {
     "target not JSON": (lambda d: [f"spec.draft_model={_head(d / 'head', json.dumps(HEAD))}",
                                    f"model.path={_model(d / 'target', BROKEN_JSON)}"],
                         "target/config.json is not valid JSON (Expecting value at line 4, column 1)"),
+    "head without hidden_size": (lambda d: _head_cfg(d, _without("hidden_size")), "head/config.json: no hidden_size"),
+    "aux layer ids not integers": (
+        lambda d: _head_cfg(d, FULL_HEAD | {"eagle_config": {AUX: ["2", 15, 27]}}),
+        f"head/config.json: eagle_config.{AUX} must be a list of non-negative integers, not ['2', 15, 27]"),
+    "head missing what the engine loads": (lambda d: _head_cfg(d, _without("num_attention_heads", "rms_norm_eps")),
+                                           "head/config.json: no num_attention_heads; no rms_norm_eps"),
 }
 
 
@@ -246,9 +264,24 @@ def _foreign_sqlite(db: Path) -> None:
     con.close()
 
 
+def _damaged_mlflow_store(db: Path) -> None:
+    """A real MLflow store with a run in it, then 16 KiB of random bytes at offset 8192 (its header and schema
+    page intact: only SQLite's own check of the pages finds it)."""
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.create_experiment("damaged", artifact_location=(db.parent / "art").as_uri())
+    run = client.create_run(exp).info.run_id
+    for i in range(50):
+        client.log_metric(run, f"m{i}", float(i))
+    client.set_terminated(run)
+    with open(db, "r+b") as f:
+        f.seek(8192)
+        f.write(random.Random(0).randbytes(16384))
+
+
 BAD_STORES = {
     "garbage": (_not_sqlite, "is not a SQLite database"),
     "foreign SQLite": (_foreign_sqlite, "is a SQLite database but not an MLflow store"),
+    "damaged page": (_damaged_mlflow_store, "is a damaged SQLite database (PRAGMA quick_check: "),
 }
 
 
