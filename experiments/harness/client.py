@@ -58,6 +58,7 @@ class RequestRecord:
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     start_s: float = 0.0                 # when it was sent, since the level started
+    sent_unix: float | None = None       # when it was sent, on the wall clock (blocks paired in time, host states)
     scheduled_s: float | None = None     # open loop, first turns: its scheduled arrival, since the level started
     queue_s: float | None = None         # open loop, first turns: sent this long after its scheduled arrival
     ttft_s: float | None = None          # from the send, or (open loop, first turns) from the scheduled arrival
@@ -318,7 +319,7 @@ class WorkloadRunner:
         path, body = self.adapter.stream_request(rec.prompt_token_ids, st.max_tokens, st.temperature, self.model,
                                                  seed=rec.seed)
         start = time.perf_counter()
-        rec.start_s = start - t0
+        rec.start_s, rec.sent_unix = start - t0, time.time()
         origin = start   # of TTFT, e2e and the chunk times: the send, or the scheduled arrival in open loop
         if rec.scheduled_s is not None:
             origin = t0 + rec.scheduled_s

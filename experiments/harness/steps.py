@@ -9,7 +9,7 @@ from scipy import stats
 
 from experiments.engines.base import EngineAdapter
 
-MIN_REQUESTS = 8            # fewer: no flags (a spread of a handful of requests says nothing)
+MIN_REQUESTS = 16           # fewer: no flags (a spread of a handful of requests says nothing)
 BIMODAL_GAP = 0.20          # the two groups' medians differ by at least this share of the lower one
 BIMODAL_SHARE = 0.15        # and each holds at least this share of the requests
 DRIFT_RHO, DRIFT_P = 0.5, 0.01   # |Spearman rho| of step against start order, and its p-value

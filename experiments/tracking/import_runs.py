@@ -25,7 +25,7 @@ from experiments.tracking.redact import register_secrets, secrets_of_environ
 from experiments.tracking.redacting import RedactingClient
 from experiments.tracking.store import log_prompt_dataset
 
-LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.training_run_id",
+LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.paired_option_run_id", "specws.training_run_id",
              "specws.evaluation_run_id", "specws.source_run_id")
 DEFAULT_URI = f"sqlite:///{ROOT / 'mlruns' / 'mlflow.db'}"
 # a lease writes its store as <stem>.tar.gz; the journal keeps it re-packed as <stem>.tar.xz (same tar inside)

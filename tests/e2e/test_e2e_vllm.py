@@ -66,6 +66,7 @@ def sweep(tmp_path_factory, embedded_ready):
         out = run_workspace("-m", "+option=A", "workload=smoke", "spec.num_draft_tokens=2,4",
                             "workload.max_tokens=24,32", "workload.reuse_prompts=true", f"server.port={taken}",
                             "baseline.allow_loaded_host=true",   # CI's two workers share the cores
+                            "baseline.timing=sequential",        # the children share one stored baseline
                             *store_args(tmp),
                             f"hydra.sweep.dir={tmp / 'sweep'}")
     return out, tmp, taken

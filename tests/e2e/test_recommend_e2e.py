@@ -31,6 +31,7 @@ def swept(tmp_path_factory, embedded_ready) -> Path:
                         "workload=quick", "workload.num_prompts=8", "workload.max_tokens=32",
                         "workload.slo.tpot_p99_s=1.0",
                         "baseline.allow_loaded_host=true",   # CI's two workers share the cores
+                        "baseline.timing=sequential",        # one job pairs with the other's stored baseline
                         *store_args(tmp), f"hydra.sweep.dir={tmp / 'sweep'}")
     job_logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted((tmp / "sweep").rglob("*_log.*")))
     assert out.returncode == 0, out.stderr[-4000:] + job_logs
