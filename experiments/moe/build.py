@@ -39,10 +39,16 @@ from experiments.moe.model import (
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
+COMMITTED_ANSWERS = Path(__file__).with_name("prompts.json")
+
+
 @dataclass(frozen=True)
 class BuildSettings:
     seed: int = 0
-    num_prompts: int = 1024           # the EAGLE-3 trainer's answer set (cached under .cache/eagle3/data)
+    # "generated": SmolLM2's answers to the EAGLE-3 trainer's prompts (cached under .cache/eagle3/data, else
+    # generated); "committed": the answers committed in experiments/moe/prompts.json (24, nothing generated)
+    answers: str = "generated"
+    num_prompts: int = 1024           # of the generated answer set
     steps: int = 240
     batch_tokens: int = 1024
     learning_rate: float = 3e-3
@@ -69,6 +75,14 @@ def load_answers(num_prompts: int) -> tuple[list[dict], str]:
     path = min(found)[2] if found else generate_responses(
         DataSettings(model_path=str(smollm2_dir()), num_prompts=num_prompts))
     return load_rows(path)[:num_prompts], hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def committed_answers() -> tuple[list[dict], str]:
+    """SmolLM2's greedy answers to the small MoE's own prompts, as committed in prompts.json (the same rows on
+    every clone: nothing generated, so nothing depends on the host's threads or on what the cache holds)."""
+    rows = [{"id": p["id"], "prompt_ids": p["token_ids"], "response_ids": p["teacher_ids"]}
+            for p in json.loads(COMMITTED_ANSWERS.read_text())["prompts"]]
+    return rows, hashlib.sha256(COMMITTED_ANSWERS.read_bytes()).hexdigest()[:16]
 
 
 def pca_embedding(weight: torch.Tensor, dim: int) -> torch.Tensor:
@@ -295,18 +309,20 @@ def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None 
     out = out or model_dir()
     tokenizer, embed, bos, eos, pad = _teacher_embedding(shape)
 
-    rows, data_sha = load_answers(s.num_prompts)
+    rows, data_sha = committed_answers() if s.answers == "committed" else load_answers(s.num_prompts)
     vocab = compact_vocab(rows, prompt_set_texts(), tokenizer)
     remap = torch.full((shape.vocab_size,), -1, dtype=torch.long)
     remap[vocab] = torch.arange(len(vocab))
-    # Train at the compact vocabulary, save at the full one (same architecture otherwise).
+    # Train at the compact vocabulary, save at the full one (same architecture otherwise). Seeded here: loading the
+    # teacher, and generating answers when they are not cached, draw from the generator before this point.
+    torch.manual_seed(s.seed)
     model = _compact_student(shape, vocab, remap, embed, bos, eos, pad)
 
     rng.shuffle(rows)
-    n_val = max(1, int(len(rows) * s.val_fraction))
+    n_val = max(1, int(len(rows) * s.val_fraction)) if s.val_fraction > 0 else 0
     val, train = rows[:n_val], rows[n_val:]
     history, t0 = _distill(model, train, s, shape, remap, int(remap[pad]), rng, progress)
-    metrics = evaluate(model, val, int(remap[pad]), s.batch_tokens, remap)
+    metrics = evaluate(model, val or train, int(remap[pad]), s.batch_tokens, remap)   # no held-out rows: the fit
     progress(f"moe build: held-out {metrics}")
     full = expand_vocab(model, shape, vocab, embed, bos, eos, pad)
     record = {"settings": asdict(s), "shape": asdict(shape), "train_seconds": round(time.time() - t0, 1),

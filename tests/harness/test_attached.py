@@ -4,7 +4,9 @@ and option A's n-gram), started once for the module, each behind the fault-injec
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -253,3 +255,94 @@ def test_a_measured_run_records_none_of_the_planted_secrets(servers, tmp_path: P
     assert leaks == []
     control = " ".join(overrides) + planted["env"]   # the scan would see each one
     assert all(secret in control for secret in planted.values())
+
+
+def _damage_after_snapshot(db: Path, snapshot: Path) -> None:
+    """A consistent copy of the store (SQLite's backup), then every page after the first overwritten with random
+    bytes and the header's change counter moved on (so that no open connection trusts its cached pages)."""
+    src, dst = sqlite3.connect(db), sqlite3.connect(snapshot)
+    with dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
+    with open(db, "r+b") as f:
+        size = f.seek(0, 2)
+        f.seek(24)
+        counter = int.from_bytes(f.read(4), "big")
+        f.seek(24)
+        f.write((counter + 1).to_bytes(4, "big"))
+        f.seek(4096)
+        f.write(random.Random(1).randbytes(size - 4096))
+
+
+@pytest.mark.slow
+def test_a_store_that_fails_after_the_measurement_keeps_the_metrics_for_the_next_start(servers, tmp_path) -> None:
+    """The SQLite store is damaged while the proxy holds the streams: the run's metrics, tags and end go to the
+    spool and the run goes on; a start on the damaged store is refused (PRAGMA quick_check) and leaves it as it is;
+    once the store is back (the copy kept before the damage), the next start records the spooled run."""
+    _, proxy = servers["baseline"]
+    set_fault(proxy, "delay", delay_s=6.0, skip=1)        # the warm-up passes, the measured requests wait
+    db, snapshot, damaged = tmp_path / "mlflow.db", tmp_path / "snapshot.db", []
+
+    def damage() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not damaged:
+            if any((tmp_path / "artifacts").glob("*/*/artifacts/prompt_set.json")):   # the last write before
+                _damage_after_snapshot(db, snapshot)
+                damaged.append(time.monotonic())
+            time.sleep(0.2)
+
+    saboteur = threading.Thread(target=damage)
+    saboteur.start()
+    try:
+        done, _ = _run(tmp_path, "baseline", _prompts(tmp_path, "spooled"), f"server.url={proxy.base_url}")
+    finally:
+        saboteur.join()
+        set_fault(proxy, "none")
+    said = " ".join(done.stderr.split())
+    assert damaged and done.returncode == 0, said[-3000:]
+    assert f"the tracking store sqlite:///{db} failed" in said and "writes are kept in" in said
+
+    before = db.read_bytes()
+    refused, took = _run(tmp_path, "baseline", _prompts(tmp_path, "refused"), f"server.url={proxy.base_url}")
+    assert refused.returncode == 2 and took < REFUSAL_S, refused.stderr[-2000:]
+    assert "is a damaged SQLite database (PRAGMA quick_check" in " ".join(refused.stderr.split())
+    assert db.read_bytes() == before
+
+    shutil.copy(snapshot, db)   # the store usable again: the next start records what was kept
+    again, _ = _run(tmp_path, "baseline", _prompts(tmp_path, "after"), f"server.url={proxy.base_url}")
+    assert again.returncode == 0 and "recorded the spooled writes of 1 run(s)" in again.stderr, again.stderr[-3000:]
+    measured = [r for r in _runs(tmp_path) if r.data.tags.get("specws.prompts_digest")]
+    first = measured[0]
+    assert first.info.status == "FINISHED" and first.data.metrics["output_tok_s"] > 0
+    assert first.data.metrics["errors"] == 0 and "summary.json" in {a.path for a in MlflowClient(
+        f"sqlite:///{db}").list_artifacts(first.info.run_id)}
+
+
+@pytest.mark.slow
+def test_a_level_past_its_deadline_keeps_its_records_and_the_metrics_they_give(servers, tmp_path) -> None:
+    """The proxy hangs the level's second request: LevelDeadline, the run FAILED with the first request's record
+    on disk and its metrics in the store (tagged as a partial summary); with no request done, the records file it
+    names exists, empty."""
+    _, proxy = servers["baseline"]
+    outcomes = {}
+    for done_before, skip in (("one", 2), ("none", 1)):   # the warm-up (and one measured request) pass
+        set_fault(proxy, "hang", skip=skip)
+        try:
+            out = tmp_path / done_before
+            done, took = _run(out, "baseline", _prompts(tmp_path, f"deadline-{done_before}"),
+                              f"server.url={proxy.base_url}", "workload.level_timeout_s=15")
+        finally:
+            set_fault(proxy, "none")
+        assert done.returncode != 0 and took < 120, done.stderr[-2000:]
+        (run,) = _runs(out)
+        outcomes[done_before] = run
+        assert run.info.status == "FAILED" and run.data.tags["specws.failure"].startswith("LevelDeadline")
+        records = Path(run.data.tags["specws.records_path"])
+        assert records.exists() and str(records) in run.data.tags["specws.failure"]
+    one, none = outcomes["one"], outcomes["none"]
+    assert one.data.metrics["requests_c1"] == 1 and one.data.metrics["output_tok_s"] > 0
+    assert one.data.tags["specws.partial_summary"].startswith("1 records of 1 slice(s)")
+    assert len(Path(one.data.tags["specws.records_path"]).read_text().splitlines()) == 1
+    assert Path(none.data.tags["specws.records_path"]).read_text() == ""
+    assert none.data.metrics["warmup_requests"] == 1 and "output_tok_s" not in none.data.metrics
