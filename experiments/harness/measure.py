@@ -28,6 +28,7 @@ from experiments.harness.baseline import (
     speedups,
 )
 from experiments.harness.client import RequestSettings, WorkloadRunner, run_interleaved
+from experiments.harness.host_watch import HostWatch
 from experiments.harness.hostload import host_loaded
 from experiments.harness.launch import LaunchSpec
 from experiments.harness.partial import keep_partial
@@ -96,7 +97,7 @@ class Arm:
         self.m, self.v, self.target, self.validation = m, v, target, validation
         self.adapter = adapter_for(target.engine)
         self.log_path = m.records_path.parent / f"server-{_server_key(target)}.log"
-        self.server = self.runner = None
+        self.server = self.runner = self.watch = None
         m.option = v.option
         m.telemetry = self.telemetry = LevelTelemetry.open(_visible_gpus(target))
         m.tags[TELEMETRY_TAG] = self.telemetry.status
@@ -111,22 +112,41 @@ class Arm:
         w = prepared.workload
         settings = RequestSettings(w.max_tokens, w.temperature, w.seed, w.request_timeout_s, w.stall_timeout_s,
                                    w.level_timeout_s, w.floor_tok_s, engine_slots=_engine_slots(m.limits))
+        launched = self.target if isinstance(self.target, LaunchSpec) else None
+        self.watch = HostWatch.open(self.telemetry, self.server, self.target.engine,
+                                    launched.python if launched else None, launched.env if launched else None,
+                                    v.site.accelerator, v.spec.draft_model, _visible_gpus(self.target), self.log_path)
         self.runner = WorkloadRunner(self.server, self.adapter, v.model, settings, prepared.render(), m.records_path,
-                                     Arrivals.of(w), self.telemetry)
+                                     Arrivals.of(w), self.watch)
         self.runner.label = v.option
 
     def summarize(self, levels: list, slo: SloTargets) -> None:
         m = self.m
         m.summary = summarize(levels, self.adapter, slo)
+        self._note_host(levels)
         add_level_metrics(m.summary, self.telemetry.level_metrics(
             {c: lv["output_tokens"] for c, lv in m.summary.per_level.items()}))
         m.metrics = _measured_metrics(m.summary, None)
         _note_host_load(m, self.v.baseline.loaded_host_share)
         _note_unsteady_steps(m, self.adapter.step_source)
 
+    def _note_host(self, levels: list) -> None:
+        """The host's metrics and tags into the run, and a console line for a level whose host changed state."""
+        if self.watch is None:
+            return
+        self.watch.output_tokens({(lv.concurrency, lv.records[0].repetition): float(sum(
+            len(r.output_token_ids) for r in lv.records if r.error is None)) for lv in levels if lv.records})
+        self.m.summary.metrics.update(self.watch.metrics())
+        self.m.tags |= self.watch.tags()
+        for level, why in self.watch.changed().items():
+            console.print(f"[yellow]{self.v.option}: the host changed state during concurrency {level} ({why}): "
+                          "its numbers straddle two host states[/]")
+
     def close(self) -> None:
         m = self.m
         self.telemetry.close()
+        if self.watch is not None:
+            m.host, m.host_calibration = self.watch.close()
         if self.runner is not None:
             m.warmup_metrics, m.warmup_failures = self.runner.warmup.metrics(), list(self.runner.warmup.failures)
             if m.summary is None:   # stopped mid-workload: what the records so far measured

@@ -19,7 +19,10 @@ def _records(client: MlflowClient, run_id: str) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
 
-def test_option_and_baseline_alternate_blocks_on_servers_up_together(tmp_path, embedded_ready) -> None:
+@pytest.fixture(scope="module")
+def paired(tmp_path_factory, embedded_ready) -> tuple[MlflowClient, dict]:
+    """A on the smoke prompts at c = 1 and 2, two blocks per level, paired in time (the local site's default)."""
+    tmp_path = tmp_path_factory.mktemp("paired")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = run_workspace("+option=A", "workload=smoke", "workload.num_prompts=9", "workload.concurrency=[1,2]",
                         "workload.blocks=2", "workload.max_tokens=24", "baseline.allow_loaded_host=true", EAGER,
@@ -28,7 +31,11 @@ def test_option_and_baseline_alternate_blocks_on_servers_up_together(tmp_path, e
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(EXPERIMENT)
-    runs = {r.data.tags["specws.option"]: r for r in client.search_runs([exp.experiment_id])}
+    return client, {r.data.tags["specws.option"]: r for r in client.search_runs([exp.experiment_id])}
+
+
+def test_option_and_baseline_alternate_blocks_on_servers_up_together(paired) -> None:
+    client, runs = paired
     option, base = runs["A"], runs["baseline"]
     assert {r.info.status for r in runs.values()} == {"FINISHED"}
     assert option.data.tags["specws.timing"] == base.data.tags["specws.timing"] == "interleaved"
@@ -56,3 +63,16 @@ def _by_block(records: list[dict]) -> dict[tuple[int, int], float]:
         key = (r["concurrency"], r["repetition"])
         out[key] = min(out.get(key, r["sent_unix"]), r["sent_unix"])
     return out
+
+
+def test_every_run_records_its_host_and_its_calibration(paired) -> None:
+    client, runs = paired
+    for run in runs.values():
+        tags, m = run.data.tags, run.data.metrics
+        assert tags["host.calibration"] == "on" and tags["host.cpu_model"] and tags["host.packages_sha256"]
+        assert tags["host.state_changed"] == "none" or tags["host.state_changed"].startswith("c")
+        for c in (1, 2):
+            assert m[f"host_py_loop_us_c{c}_before"] > 0 and m[f"host_py_loop_us_c{c}_after"] > 0
+            assert m[f"host_engine_cpu_s_c{c}"] > 0 and f"host_steal_pct_c{c}" in m
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"host.json", "host_calibration.json"} <= artifacts
