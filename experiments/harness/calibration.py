@@ -124,6 +124,19 @@ class EngineCpu:
         return out
 
 
+def server_processes(server) -> list[psutil.Process]:
+    """The engine's processes: a started server's (harness/server.py `Server`) process and its descendants (SGLang's
+    scheduler and detokenizer, vLLM's EngineCore); an attached server's (`server.url`) own local processes."""
+    proc = getattr(server, "proc", None)
+    if proc is None:
+        return list(server.local_processes())
+    try:
+        root = psutil.Process(proc.pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def _cpu(p: psutil.Process) -> tuple[str, float] | None:
     try:
         with p.oneshot():
