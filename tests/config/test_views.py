@@ -95,3 +95,16 @@ def test_the_client_settings_resolve_the_level_deadline() -> None:
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+@pytest.mark.parametrize("overrides, label", [
+    (["workload=grounded"], "grounded"),
+    (["workload=grounded", "workload.prompt_set=code"], "grounded-code"),
+    (["workload=grounded", "workload.prompt_set=math"], "grounded-math"),
+    (["workload=file", "workload.prompt_set=/data/question.jsonl"], "file-question"),
+    (["workload=quick"], "quick-grounded"),
+    (["workload=mixed"], "mixed-chat+code+6more"),
+])
+def test_run_names_carry_the_prompt_set(overrides: list[str], label: str) -> None:
+    """Code and math prompts under one workload were stored under one run name: the label names the set."""
+    assert views_of(compose_cfg("+option=A", *overrides)).workload.label == label

@@ -84,7 +84,7 @@ def test_a_running_server_that_wants_a_key_is_measured_with_the_key_from_the_env
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = _runs(tmp_path)
     assert run.info.status == "FINISHED" and run.data.metrics["output_tok_s"] > 0 and run.data.metrics["errors"] == 0
-    assert run.data.params["server.api_key_env"] == KEY_ENV
+    assert run.data.params["server.api_key_env"] == KEY_ENV and run.info.run_name == "baseline-file-prompts-key"
     assert _leaks(tmp_path, without, wrong, done) == []
 
 

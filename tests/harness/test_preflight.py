@@ -26,6 +26,7 @@ from omegaconf import open_dict
 
 from experiments.config.paths import ROOT
 from experiments.harness import store_check
+from experiments.harness.head_fields import KINDS, REQUIRED_TO_LOAD
 from experiments.harness.preflight import (
     Refused,
     check_assets,
@@ -401,3 +402,29 @@ def test_an_output_folder_that_cannot_be_created_is_refused(tmp_path: Path) -> N
     finally:
         HydraConfig.instance().cfg = None
     check_inputs(_dry(tmp_path))   # no Hydra: no output folder to check
+
+
+def _set(head: dict, dotted: str, value) -> dict:
+    node = head
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return head
+
+
+@pytest.mark.parametrize("field", sorted(KINDS))
+def test_every_head_field_of_the_wrong_kind_is_refused_naming_file_and_field(tmp_path: Path, field: str) -> None:
+    head = _head(tmp_path / "head", json.dumps(_set(json.loads(json.dumps(FULL_HEAD)), field, "x")))
+    cfg = compose_cfg("+option=C", f"spec.draft_model={head}")
+    with pytest.raises(Refused, match=rf"{re.escape(str(head / 'config.json'))}: (.*; )?{re.escape(field)} must be "):
+        check_head_loads(cfg, head)
+
+
+@pytest.mark.parametrize("field", REQUIRED_TO_LOAD)
+def test_every_head_field_the_engine_loads_is_required(tmp_path: Path, field: str) -> None:
+    head = _head(tmp_path / "head", json.dumps(_without(field)))
+    with pytest.raises(Refused, match=rf"{re.escape(str(head / 'config.json'))}: no {field}"):
+        check_head_loads(compose_cfg("+option=C", f"spec.draft_model={head}"), head)
+    check_head_loads(compose_cfg("+option=C", f"spec.draft_model={head.parent}"), ROOT / "experiments" / "eagle3" /
+                     "artifacts" / "smollm2_135m")   # the committed head has them all

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +17,9 @@ from conftest import compose_cfg
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from experiments.config.errors import Refused
 from experiments.config.paths import ROOT
+from experiments.harness.store_check import check_tracking
 from experiments.tracking import runs, spool
 from experiments.tracking.lifecycle import tracked_run
 from experiments.tracking.offline_store import OfflineClient
@@ -236,3 +239,16 @@ def test_the_importer_keeps_parent_child_and_baseline_links_on_the_server(server
     assert all(r.info.artifact_uri.startswith("mlflow-artifacts:/") for r in (base, opt))
     records = client.download_artifacts(opt.info.run_id, "records", str(tmp_path / "back"))
     assert pd.read_json(next(Path(records).glob("*.jsonl")), lines=True)["prompt_id"].tolist() == ["p1"]
+
+
+def test_a_tracking_server_whose_database_is_down_is_refused_before_anything_starts() -> None:
+    """The MLflow server still answers (its /health too) but cannot read its PostgreSQL store: refused in seconds by
+    an MLflow request of preflight, not found out once the measurement is being written."""
+    with running_tracking_server() as own:
+        cfg = server_cfg(own.uri, "database-down")
+        check_tracking(cfg)
+        own.postgres.stop()
+        started = time.monotonic()
+        with pytest.raises(Refused, match=r"the tracking server answers but cannot read its store \(HTTP 5\d\d"):
+            check_tracking(cfg)
+        assert time.monotonic() - started < 10
