@@ -77,6 +77,13 @@ def read_run(client, run_id: str) -> RunFacts:
     return facts
 
 
+def _drop_summary_tags(facts: RunFacts, host: dict) -> None:
+    """The `host.<key>` tags summarise host.json: compared there, not twice."""
+    for key in host.get("summary") or {}:
+        for section in ("host", "packages"):
+            facts.sections.get(section, {}).pop(f"host.{key}", None)
+
+
 def _params_and_tags(facts: RunFacts, params: dict[str, str], tags: dict[str, str]) -> None:
     for key, value in params.items():
         section = next((s for prefix, s in PARAM_SECTIONS if key.startswith(prefix)), "run")
@@ -117,6 +124,7 @@ def _host(facts: RunFacts, host: dict | None) -> None:
         facts.missing["host.json"] = "no host fingerprint (recorded before host.json existed)"
         facts.missing["head"] = "no head digest (no host.json)"
         return
+    _drop_summary_tags(facts, host)
     for part in ("cpu", "gpu"):
         values = flat(host.get(part) or {}, part)
         facts.put("host", {k: v for k, v in values.items() if k.rsplit(".", 1)[-1] not in HOST_SKIPPED})

@@ -204,12 +204,12 @@ class HostCalibration:
             return None
         try:
             answer = self.probe.ask(self.timeout_s)
-        except (RuntimeError, OSError, ValueError) as exc:
+            s = ProbeSample(level, block, when, answer["unix"], answer["terms"], answer.get("spread", {}))
+        except (RuntimeError, OSError, ValueError, KeyError) as exc:
             self.status = f"off: {exc}"
             self.close()
             return None
         self.info = {k: answer.get(k) for k in ("device", "torch", "python", "skipped", "setup_s")}
-        s = ProbeSample(level, block, when, answer["unix"], answer["terms"], answer.get("spread", {}))
         self.samples.append(s)
         return s
 

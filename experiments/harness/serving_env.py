@@ -40,7 +40,7 @@ def engine_facts(engine: str, url: str | None = None, log_path: Path | str | Non
             served = adapter_for(engine).read_served(url)
             out["served"] = served.to_dict()
             out["sources"] += [f"{url}{s}" for s in served.sources]
-        except (NotImplementedError, OSError, ValueError) as exc:
+        except (NotImplementedError, KeyError, OSError, ValueError) as exc:   # KeyError: no adapter of that name
             out["served_error"] = f"{type(exc).__name__}: {exc}"
     facts = read_log(log_path)
     if facts.found:
