@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.config import paths
 from experiments.engines import adapter_for
+from experiments.harness.calibration import server_processes
 from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.server import Server
@@ -52,7 +53,7 @@ def _pass(server: Server, engine: str, model: str, prompts: int, tokens: int, se
 
 def _cores_busy(server: Server, seconds: float) -> float:
     """CPU seconds per second used by the server's process group over `seconds` of no requests."""
-    procs = server.local_processes()
+    procs = server_processes(server)
     before = {p.pid: sum(p.cpu_times()[:2]) for p in procs if p.is_running()}
     time.sleep(seconds)
     used = 0.0
