@@ -325,7 +325,9 @@ def _write(client, options: list, all_runs: list, records: Records, series: list
     paths["pareto"].write_bytes(frontier)
     paths["pareto_json"].write_text(json.dumps(as_json(points), indent=1))
     telemetry = _telemetry(client, options, all_runs, out / f"telemetry-{stem}.png", paths)
-    paths["html"].write_text(page(series, png, title, html_section(recs), frontier, telemetry))
+    from experiments.analysis import report_host
+    host = report_host.html_section(client, options, all_runs)
+    paths["html"].write_text(page(series, png, title, html_section(recs), frontier, telemetry, host))
     paths["recommendation_json"], paths["recommendation_md"] = write(recs, out, stem, title)
     verdicts = {f"{s.label} | {s.workload}": {
         "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,

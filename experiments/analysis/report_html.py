@@ -72,11 +72,11 @@ def _contamination_rows(series: list) -> str:
 
 
 def page(series: list, png: bytes, title: str, recommendation: str = "", pareto: bytes | None = None,
-         telemetry: str = "") -> str:
+         telemetry: str = "", host: str = "") -> str:
     """`series`: report.OptionSeries (label, workload, points, categories, contamination, verdict());
     `recommendation`: the Recommendation section's HTML (experiments/analysis/recommend_render.py); `pareto`: the
     throughput vs per-user speed figure; `telemetry`: the Telemetry section's HTML
-    (experiments/analysis/report_telemetry.py)."""
+    (experiments/analysis/report_telemetry.py); `host`: the Host section's (experiments/analysis/report_host.py)."""
     where = panel_titles(series)
     verdicts = "".join(f"<li><b>{escape(s.label)}</b> on {escape(where[s.workload])}: {escape(s.verdict())}</li>"
                        for s in series)
@@ -98,7 +98,8 @@ def page(series: list, png: bytes, title: str, recommendation: str = "", pareto:
 {recommendation}{frontier}
 <h2>Measurements</h2><table>{head}{_point_rows(series)}</table>
 <p>Speedup: (Σ output tokens / Σ request seconds) of the option over the baseline's, on the prompts both served;
-interval: paired bootstrap over those prompts. Run metric: the runs' logged wall-clock tok/s ratio.
+interval: paired bootstrap over those prompts (where a level has several blocks: over blocks, then prompts within
+them; host-sensitive: blocks decided opposite ways, see Host). Run metric: the runs' logged wall-clock tok/s ratio.
 Pays: the interval lies above 1; does not pay: below 1; inconclusive: it straddles 1 (prompts to decide: about
 how many prompts would settle it if the estimate held).
 Forecast: the prediction made before the option ran (<code>run.forecast=true</code>: the baseline's outputs, the
@@ -109,7 +110,7 @@ forecast). The verdict names every level where the forecast's verdict (from its 
 one. Latency targets (<code>workload.slo</code>): "breaks" names a target whose p99 the option misses where the
 baseline meets it, and the level's verdict is then breaks_slo whatever its throughput; goodput: requests per second
 within every target, the option's over the baseline's on the same prompts.</p>
-{telemetry}
+{host}{telemetry}
 <h2>Per category</h2><table>{cat_head}{_category_rows(series)}</table>
 <h2>Contamination (acceptance that depends on what the engine served before)</h2>
 <table><tr><th>option</th><th>workload</th><th>run</th><th>check</th></tr>{_contamination_rows(series)}</table>

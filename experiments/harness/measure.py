@@ -55,6 +55,7 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
     baseline's records for the agreement checks. `cfg` is only what the launch needs (experiments.harness.launch);
     everything else is read from the typed views `v`."""
     arm = Arm(m, v, target, validation)
+    m.tags[TIMING_TAG] = SEQUENTIAL
     try:
         arm.start(prepared)
         _check_limits(m.limits, baseline)
