@@ -241,7 +241,7 @@ def test_a_dry_run_records_none_of_the_planted_secrets(tmp_path: Path, embedded_
     overrides = [*(["-m", f"hydra.sweep.dir={hydra}"] if sweep else [f"hydra.run.dir={hydra}"]),
                  "+option=baseline", "run.dry_run=true", f"tracking.uri={uri}",
                  f"tracking.artifact_root={stored / 'artifacts'}",
-                 f"+engine.env.API_KEY={PLANTED['engine']}", f"+engine.extra_args=[--api-key,{PLANTED['flag']}]",
+                 f"+engine.env.API_KEY={PLANTED['engine']}", f"+engine.extra_args=[--hf-token,{PLANTED['flag']}]",
                  f"+site.env.PROXY_URL=http://alice:{PLANTED['uri']}@proxy.invalid:3128",
                  "+run.tags.note=${oc.env:HF_TOKEN}"]   # the environment's token lands in tags and a param
     control = tmp_path / "control.txt"   # the scan finds each secret where it is
@@ -256,7 +256,7 @@ def test_a_dry_run_records_none_of_the_planted_secrets(tmp_path: Path, embedded_
     assert len(uploaded) == 3 and "API_KEY: '***'" in next(p for p in uploaded if p.name == "config.yaml").read_text()
     assert all(yaml.safe_load(p.read_text()) for p in [*uploaded, *hydra.rglob("*.yaml")])
     launch = json.loads(next(stored.rglob("launch_spec.json")).read_text())
-    assert launch["argv"][launch["argv"].index("--api-key") + 1] == "***"
+    assert launch["argv"][launch["argv"].index("--hf-token") + 1] == "***"   # an --api-key is refused: its own test
     assert launch["env"]["PROXY_URL"] == "http://***@proxy.invalid:3128"
     client = OfflineClient(stored) if sweep else MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("smollm2_135m@local").experiment_id])
