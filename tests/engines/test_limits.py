@@ -1,6 +1,7 @@
-"""Equal engine limits: every command line (baseline included) pins the workload's largest concurrency as the
-engine's running-request limit, SGLang 0.5.23's and 0.5.14's parsers read it, vLLM's engine config resolves it,
-and the limits read back from a server compare only on what both runs could set alike."""
+"""Equal engine limits: every command line (baseline included) pins the site's deployment value (else the
+workload's largest concurrency) as the engine's running-request limit, a level above it is refused, SGLang
+0.5.23's and 0.5.14's parsers read it, vLLM's engine config resolves it, and the limits read back from a server
+compare only on what both runs could set alike."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.config.paths import cache_dir
+from experiments.config.views import ConfigError, views_of
 from experiments.engines import limits_mismatch
 from experiments.engines.base import Validation
 from experiments.engines.sglang_engine import CHECK_SCRIPT, SGLangAdapter, server_info_limits
@@ -21,6 +23,7 @@ from experiments.harness.pipeline import validated_spec
 
 SGLANG_CASES = [(site, option) for site in ("h200", "blackwell") for option in ("baseline", "A", "B", "E")] + \
     [("h200", "E model=tiny_moe_dsv3")]
+SITE_LIMIT = {"h200": 64, "blackwell": 128}   # site.max_running_requests: each site's deployment value
 
 
 def _spec(site: str, option: str, *more: str):
@@ -44,18 +47,23 @@ def test_every_sglang_command_line_pins_max_running_requests(release: str) -> No
     else:
         env.pop("PYTHONPATH", None)
     specs = [_spec(site, option, "workload.concurrency=[1,4,16]") for site, option in SGLANG_CASES]
-    assert all(_flag(s.args, "--max-running-requests") == "16" for s in specs)
+    expected = [SITE_LIMIT[site] for site, _ in SGLANG_CASES]
+    assert [int(_flag(s.args, "--max-running-requests")) for s in specs] == expected
     proc = subprocess.run([sys.executable, str(CHECK_SCRIPT), "--values", "max_running_requests"], env=env,
                           input=json.dumps([s.args for s in specs]), capture_output=True, text=True, timeout=300)
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [p["max_running_requests"] for p in parsed] == [16] * len(specs), proc.stderr[-2000:]
+    assert [p["max_running_requests"] for p in parsed] == expected, proc.stderr[-2000:]
 
 
-def test_baseline_and_option_share_the_limit_and_it_follows_the_workload() -> None:
+def test_baseline_and_option_share_the_site_limit_and_a_level_above_it_is_refused() -> None:
     base, opt = _spec("h200", "baseline"), _spec("h200", "A")
-    assert _flag(base.args, "--max-running-requests") == _flag(opt.args, "--max-running-requests") == "4"
+    assert _flag(base.args, "--max-running-requests") == _flag(opt.args, "--max-running-requests") == "64"
     chat = compose_cfg("+option=B", "site=blackwell", "workload.concurrency=[1,4,16,64,128]")
     assert _flag(build_launch_spec(chat).args, "--max-running-requests") == "128"
+    local = compose_cfg("+option=A", "site=local", "workload.concurrency=[1,4,16]")   # no site value: the workload's
+    assert _flag(build_launch_spec(local).args, "--max-num-seqs") == "16"
+    with pytest.raises(ConfigError, match=r"level 256 is above the engine limit limits.max_running_requests=128"):
+        views_of(compose_cfg("+option=B", "site=blackwell", "workload.concurrency=[1,256]"))
 
 
 def test_a_limit_the_site_or_the_user_gives_is_left_to_them() -> None:
