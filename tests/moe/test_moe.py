@@ -7,6 +7,10 @@ import ast
 import dataclasses
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 import types
 from enum import IntEnum, auto
 from pathlib import Path
@@ -272,29 +276,48 @@ def test_option_e_refusals():
 
 
 # A reduced build where the full one (`python -m experiments.moe.build`: 1024 SmolLM2 answers, 240 steps, ~15 min)
-# is missing, as in CI: 128 answers and 60 steps (about 90 s with the answers) give a model whose greedy tokens lead
-# the next by more than the tolerance (median 1.1 on these prompts), so an engine that routes or computes the MoE
-# wrongly picks other tokens (checked in the test, not assumed)
-REDUCED_BUILD = dict(num_prompts=128, steps=60, threads=2)
+# is missing, as in CI: `python -m experiments.moe.build --reduced`, 300 steps on the 24 answers committed in
+# experiments/moe/prompts.json, in a process of its own. Nothing is generated, the student is seeded after the data is
+# read, at two threads, and nothing this session imported touches its numerics: every build here is the same model.
+# The build before it (128 generated answers, 60 steps, in this process) learnt too little to depend on anything:
+# every greedy token was "\n" whatever the routing, so a wrongly computed MoE passed, and which answers it was given
+# (and the margins it reached) depended on what the cache held.
 TOLERANCE = 0.25          # bf16 serving against the fp32 reference
-DECISIVE_SHARE = 0.9      # of greedy tokens leading the next by more than the tolerance (reduced build: all of 48)
+DECISIVE_SHARE = 0.9      # of greedy tokens leading the next by more than the tolerance
+N_PROMPTS, N_TOKENS = 3, 16
+BUILD_TIMEOUT_S = 1800
 
 
 @pytest.fixture(scope="module")
 def small_moe(tmp_path_factory) -> Path:
-    """The built small MoE, or a reduced build of it made here (a random one would serve near-uniform logits that
-    no engine could get wrong: top-2 gap median 0.035, all under the tolerance)."""
+    """The built small MoE, or the reduced build made here (a random one would serve near-uniform logits that no
+    engine could get wrong: top-2 gap median 0.035, all under the tolerance)."""
     if (model_dir() / "build.json").exists():
         return model_dir()
-    from experiments.moe.build import BuildSettings, build
+    out = tmp_path_factory.mktemp("small-moe") / "model"
+    threads = {name: "2" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-m", "experiments.moe.build", "--reduced", "--out", str(out)], cwd=ROOT,
+                          env={**os.environ, **threads}, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
 
-    return build(BuildSettings(**REDUCED_BUILD), out=tmp_path_factory.mktemp("small-moe"), progress=lambda m: None)
+
+def attention_silenced(model: Path, out: Path) -> Path:
+    """A copy of the model whose attention adds nothing to the residual stream (every `self_attn.o_proj` zero): its
+    tokens come from the embeddings, the dense first layer, the shared and the routed experts and the LM head."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, out)
+    for weights in out.glob("*.safetensors"):
+        tensors = load_file(weights)
+        save_file({k: torch.zeros_like(v) if k.endswith("self_attn.o_proj.weight") else v for k, v in tensors.items()},
+                  weights, metadata={"format": "pt"})
+    return out
 
 
-@pytest.mark.slow
-def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path, embedded_ready, small_moe):
-    """vLLM's DeepSeek-V3 code (CPU MLA, CPU fused MoE with grouped sigmoid routing) serves the built model;
-    every greedy token it returns is HF's top-1 or a near-tie of it (bf16 serving vs fp32 reference)."""
+def served_against_hf(model: Path, log: Path) -> tuple[list[float], list[float], list[str]]:
+    """vLLM-CPU serves `model` (bf16, eager) the first prompts of prompts.json, greedy; HF's fp32 forward over the
+    same tokens: per served token its gap below HF's top-1, HF's top-2 margin there, and where it fell short."""
     import httpx
     from conftest import VLLM_PYTHON
 
@@ -303,35 +326,59 @@ def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path, embedded_ready, small_m
     from experiments.moe.model import load_model
 
     spec = LaunchSpec(engine="vllm", python=str(VLLM_PYTHON), module="vllm.entrypoints.openai.api_server",
-                      args=["--model", str(small_moe), "--dtype", "bfloat16", "--max-model-len", "1024",
+                      args=["--model", str(model), "--dtype", "bfloat16", "--max-model-len", "1024",
                             "--enforce-eager", "--served-model-name", "tiny"],
                       env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"},
                       health_path="/health")
-    server = Server(spec, tmp_path / "vllm.log")
-    prompts = [p["token_ids"] for p in json.loads((ROOT / "experiments/moe/prompts.json").read_text())["prompts"][:3]]
+    server = Server(spec, log)
+    prompts = [p["token_ids"] for p in json.loads((ROOT / "experiments/moe/prompts.json").read_text())["prompts"]]
     server.start(900)
     try:
         outputs = []
-        for ids in prompts:
+        for ids in prompts[:N_PROMPTS]:
             r = httpx.post(f"{server.base_url}/v1/completions", timeout=300, json={
-                "model": "tiny", "prompt": ids, "max_tokens": 16, "temperature": 0, "return_token_ids": True})
+                "model": "tiny", "prompt": ids, "max_tokens": N_TOKENS, "temperature": 0, "return_token_ids": True})
             r.raise_for_status()
             outputs.append(r.json()["choices"][0]["token_ids"])
     finally:
         server.stop()
-    model = load_model(small_moe)
-    margins = []
-    for ids, out in zip(prompts, outputs, strict=True):
-        assert len(out) == 16
+    reference = load_model(model)
+    gaps, margins, short = [], [], []
+    for n, (ids, out) in enumerate(zip(prompts, outputs, strict=False)):
+        assert len(out) == N_TOKENS
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1: -1]
+            logits = reference(input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1: -1]
         top2 = logits.topk(2, dim=-1)
         margins += (top2.values[:, 0] - top2.values[:, 1]).tolist()
         for pos, tok in enumerate(out):
-            gap = float(top2.values[pos, 0] - logits[pos, tok])
-            assert gap <= TOLERANCE, (f"vLLM token {tok} at {pos} is {gap:.3f} below HF's top-1 "
-                                      f"{int(top2.indices[pos, 0])}")
-    # the check could have failed: most greedy tokens lead the next one by more than the tolerance (a random model's
-    # lead none of them), so a wrongly computed MoE shows as another token
+            gaps.append(float(top2.values[pos, 0] - logits[pos, tok]))
+            if gaps[-1] > TOLERANCE:
+                short.append(f"prompt {n} token {pos}: {tok} is {gaps[-1]:.3f} below HF's {int(top2.indices[pos, 0])}")
+    return gaps, margins, short
+
+
+@pytest.mark.slow
+def test_vllm_cpu_serves_the_small_moe_like_hf(tmp_path, embedded_ready, small_moe):
+    """vLLM's DeepSeek-V3 MoE path on the CPU (fused MoE with grouped sigmoid routing and correction biases, the
+    shared expert, the dense first layer) serves the built model with its attention silenced: every greedy token is
+    HF's top-1 or a near-tie of it (bf16 serving vs the fp32 reference). The check could have failed: the reduced
+    build's greedy tokens all lead the next one by more than the tolerance (0.66 to 0.70), and served with its MoE
+    computed wrongly -- correction biases ignored, experts shifted by one, top-2 instead of top-4, the routed scaling
+    halved, routing not limited to the top groups -- the token falls 1.6 to 12.4 below HF's top-1."""
+    gaps, margins, short = served_against_hf(attention_silenced(small_moe, tmp_path / "moe-path"),
+                                             tmp_path / "vllm.log")
+    assert short == [], short
     share = float((torch.tensor(margins) > TOLERANCE).float().mean())
     assert share >= DECISIVE_SHARE, f"near-uniform logits: top-2 margins {sorted(margins)}"
+    print(f"small MoE served like HF: {len(margins)} greedy margins, min {min(margins):.3f}, median "
+          f"{float(torch.tensor(margins).median()):.3f}, {share:.0%} above {TOLERANCE}; worst gap {max(gaps):.3f}")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="vLLM-CPU 0.32's MLA attention does not compute the small MoE as transformers "
+                   "does: with attention on, its first greedy token is 8.6 below HF's top-1 (2026-12-05); with the "
+                   "attention's output zeroed the two agree on every token, so the difference is in the attention")
+def test_vllm_cpu_serves_the_small_moes_mla_attention_like_hf(tmp_path, embedded_ready, small_moe):
+    """The whole model, attention included: known to differ (see the mark); an XPASS means it no longer does."""
+    _, _, short = served_against_hf(small_moe, tmp_path / "vllm.log")
+    assert short == [], short
