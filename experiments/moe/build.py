@@ -46,8 +46,12 @@ COMMITTED_ANSWERS = Path(__file__).with_name("prompts.json")
 class BuildSettings:
     seed: int = 0
     # "generated": SmolLM2's answers to the EAGLE-3 trainer's prompts (cached under .cache/eagle3/data, else
-    # generated); "committed": the answers committed in experiments/moe/prompts.json (24, nothing generated)
+    # generated); "committed": the answers committed in experiments/moe/prompts.json (24, nothing generated);
+    # "cycle": one seeded cycle through the committed answers' tokens, each token followed by its successor
     answers: str = "generated"
+    # paths of every layer silenced: their output projection zero and frozen ("self_attn.o_proj": attention,
+    # "mlp.down_proj": the dense layers' MLP, "mlp.shared_experts.down_proj": the shared experts)
+    silenced: tuple[str, ...] = ()
     num_prompts: int = 1024           # of the generated answer set
     steps: int = 240
     batch_tokens: int = 1024
@@ -60,10 +64,13 @@ class BuildSettings:
     threads: int = 1                  # another agent measures speed on this 2-core CPU
 
 
-# The build where the full one is missing (CI, a fresh clone): the 24 answers committed in prompts.json, 300 steps,
-# two threads (~2 min). Run it in a process of its own (`--reduced`): a session that imported other packages may
-# have changed the numerics the training follows.
-REDUCED = BuildSettings(answers="committed", val_fraction=0.0, steps=300, threads=2)
+# The build where the full one is missing (CI, a fresh clone; the vLLM serving test's): the routed experts alone
+# (attention, the dense layer's MLP and the shared experts silenced), taught a seeded cycle through the committed
+# answers' tokens, 150 steps at two threads (~1.5 min on an idle 2-core machine).
+# Run it in a process of its own (`--reduced`): a session that imported other packages may have changed the numerics
+# the training follows.
+REDUCED = BuildSettings(answers="cycle", val_fraction=0.0, steps=150, threads=2,
+                        silenced=("self_attn.o_proj", "mlp.down_proj", "mlp.shared_experts.down_proj"))
 
 
 def load_answers(num_prompts: int) -> tuple[list[dict], str]:
@@ -89,6 +96,16 @@ def committed_answers() -> tuple[list[dict], str]:
     rows = [{"id": p["id"], "prompt_ids": p["token_ids"], "response_ids": p["teacher_ids"]}
             for p in json.loads(COMMITTED_ANSWERS.read_text())["prompts"]]
     return rows, hashlib.sha256(COMMITTED_ANSWERS.read_bytes()).hexdigest()[:16]
+
+
+def token_cycle(rows: list[dict], seed: int, length: int = 32) -> list[dict]:
+    """A seeded cycle through every token of `rows` (prompts' last tokens included), as rows of `length` tokens, one
+    starting at each token: a model that has learnt it maps each token to its successor, whatever came before."""
+    tokens = sorted({t for r in rows for t in r["response_ids"]} | {r["prompt_ids"][-1] for r in rows})
+    random.Random(seed).shuffle(tokens)
+    walk = tokens + tokens[:length]
+    return [{"id": f"cycle-{i}", "prompt_ids": walk[i:i + 1], "response_ids": walk[i + 1:i + length]}
+            for i in range(len(tokens))]
 
 
 def pca_embedding(weight: torch.Tensor, dim: int) -> torch.Tensor:
@@ -252,6 +269,15 @@ def _compact_student(shape: TinyMoeShape, vocab: torch.Tensor, remap: torch.Tens
     return model
 
 
+def _silence(model, paths: tuple[str, ...]) -> None:
+    """Each of `paths` (a projection in every layer) adds nothing to the residual stream, now and through training:
+    its weight zero and frozen."""
+    for name, weight in model.named_parameters():
+        if any(name.endswith(f".{path}.weight") for path in paths):
+            weight.data.zero_()
+            weight.requires_grad_(False)
+
+
 def _optimizer(model, s: BuildSettings) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW with a linear warm-up and a cosine decay to zero over `s.steps`."""
     opt = torch.optim.AdamW(model.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay, betas=(0.9, 0.95))
@@ -317,7 +343,9 @@ def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None 
     out = out or model_dir()
     tokenizer, embed, bos, eos, pad = _teacher_embedding(shape)
 
-    rows, data_sha = committed_answers() if s.answers == "committed" else load_answers(s.num_prompts)
+    rows, data_sha = committed_answers() if s.answers in ("committed", "cycle") else load_answers(s.num_prompts)
+    if s.answers == "cycle":
+        rows = token_cycle(rows, s.seed)
     vocab = compact_vocab(rows, prompt_set_texts(), tokenizer)
     remap = torch.full((shape.vocab_size,), -1, dtype=torch.long)
     remap[vocab] = torch.arange(len(vocab))
@@ -325,6 +353,7 @@ def build(s: BuildSettings, shape: TinyMoeShape | None = None, out: Path | None 
     # teacher, and generating answers when they are not cached, draw from the generator before this point.
     torch.manual_seed(s.seed)
     model = _compact_student(shape, vocab, remap, embed, bos, eos, pad)
+    _silence(model, s.silenced)
 
     rng.shuffle(rows)
     n_val = max(1, int(len(rows) * s.val_fraction)) if s.val_fraction > 0 else 0
