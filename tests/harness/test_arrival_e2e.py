@@ -15,6 +15,9 @@ pytestmark = pytest.mark.slow
 PROMPTS, RATE, CAP, SEED = 6, 1.5, 2, 3
 # the client's event loop and the host waking late (2 cores shared with other runners): per request, at most
 LATE_S = 0.25
+# a request sent this long after its arrival was held back (the seeded schedule holds one 0.25-0.30 s, as fast as the
+# server answers the two before it: a hold shorter than LATE_S still counts as one)
+HELD_S = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +52,10 @@ def test_no_request_is_sent_early_and_one_is_held_back_only_by_the_cap(open_loop
     for r in records:
         assert r["start_s"] >= r["scheduled_s"] and r["queue_s"] == pytest.approx(r["start_s"] - r["scheduled_s"])
         assert in_flight(r["start_s"]) <= CAP
-        if r["queue_s"] > LATE_S:   # held back: sent as a request ended, all slots taken until then
+        if r["queue_s"] > HELD_S:   # held back: sent as a request ended, all slots taken until then
             freed = [e for e in ends if 0 <= r["start_s"] - e < LATE_S]
             assert freed and in_flight(min(freed) - 1e-6) == CAP, (r["prompt_id"], r["queue_s"])
-    assert any(r["queue_s"] > LATE_S for r in records), "the cap never held a request back: nothing was tested"
+    assert any(r["queue_s"] > HELD_S for r in records), "the cap never held a request back: nothing was tested"
 
 
 def test_ttft_and_e2e_count_from_the_scheduled_arrival(open_loop_run) -> None:
