@@ -9,12 +9,10 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from experiments.analysis.report_html import _num
+
 # tags that tell one host (or lease) from another
 HOST_KEYS = ("host.cpu_model", "host.gpu", "host.kernel", "specws.host", "host.platform")
-
-
-def _num(value: float | None, fmt: str = "{:.2f}") -> str:
-    return "-" if value is None else fmt.format(value)
 
 
 def _levels(run) -> list[int]:

@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.config import paths
 from experiments.engines import adapter_for
-from experiments.harness.calibration import server_processes
+from experiments.harness.calibration import EngineCpu, server_processes
 from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.server import Server
@@ -52,17 +52,12 @@ def _pass(server: Server, engine: str, model: str, prompts: int, tokens: int, se
 
 
 def _cores_busy(server: Server, seconds: float) -> float:
-    """CPU seconds per second used by the server's process group over `seconds` of no requests."""
-    procs = server_processes(server)
-    before = {p.pid: sum(p.cpu_times()[:2]) for p in procs if p.is_running()}
+    """CPU seconds per second used by the server's processes over `seconds` of no requests."""
+    cpu = EngineCpu()
+    cpu.start("idle", server_processes(server))
     time.sleep(seconds)
-    used = 0.0
-    for p in procs:
-        try:
-            used += sum(p.cpu_times()[:2]) - before.get(p.pid, 0.0)
-        except psutil.NoSuchProcess:
-            continue
-    return used / seconds
+    window = cpu.stop("idle")
+    return window["cpu_s"] / window["wall_s"]
 
 
 def measure(site: str, prompts: int, tokens: int) -> dict:

@@ -418,8 +418,9 @@ def run_interleaved(runners: tuple[WorkloadRunner, WorkloadRunner], plan: VisitP
                     between: Callable[[int, int, int], None] | None = None) -> tuple[list[LevelResult], ...]:
     """The same plan on two servers that are up together, paired in time: both warm up, then every block (a
     (level, repetition) slice of first-seen prompts) goes to one server and then to the other, in ABBA order. Each
-    server sees each prompt once. `between(level, rep, position)` runs before each block of a pair (position 0,
-    1) and after the pair (2): the host calibration's hook. One result list per runner, in the plan's order."""
+    server sees each prompt once. `between(level, rep, position)`, where given, runs before each block of a pair
+    (position 0, 1) and after the pair (2); the host is probed around every slice by each runner's own telemetry
+    (harness/host_watch.py). One result list per runner, in the plan's order."""
     return asyncio.run(_interleaved(runners, plan, between))
 
 

@@ -4,7 +4,6 @@ has on every way out, so a failed run keeps what it saw."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,8 +65,7 @@ def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Se
         arm.close()
 
 
-def measure_interleaved(arms: tuple[Arm, Arm], cfg: DictConfig, prepared: PreparedWorkload,
-                        between: Callable[[int, int, int], None] | None = None) -> None:
+def measure_interleaved(arms: tuple[Arm, Arm], cfg: DictConfig, prepared: PreparedWorkload) -> None:
     """Option and baseline paired in time: both servers up together, every block of first-seen prompts sent to
     one and then the other in ABBA order (experiments.harness.client.run_interleaved). Fills both arms' summaries;
     the comparison with the baseline comes after the baseline's run has been exported (compare_with_baseline)."""
@@ -79,7 +77,7 @@ def measure_interleaved(arms: tuple[Arm, Arm], cfg: DictConfig, prepared: Prepar
     if differ:
         raise PairingRefused(f"engine limits of the option's and the baseline's servers differ: {'; '.join(differ)} "
                              "(pin them with limits.* so that both run under the same ones)")
-    results = run_interleaved((option.runner, base.runner), prepared.plan, between)
+    results = run_interleaved((option.runner, base.runner), prepared.plan)
     for arm, levels in zip(arms, results, strict=True):
         arm.summarize(levels, _slo(cfg))
     for arm in arms:

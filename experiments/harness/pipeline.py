@@ -40,8 +40,6 @@ from experiments.tracking.uploads import Uploads
 PostRun = Callable[..., None]
 # Fills a forecast run: forecaster(client, forecast_run_id, baseline_run, params) -> summary lines to print.
 Forecaster = Callable[..., list[str]]
-# Called between the blocks of an interleaved pair as between(level, repetition, position): the host calibration
-Between = Callable[[int, int, int], None]
 Target = LaunchSpec | Served
 _validated: dict[tuple, Validation] = {}
 
@@ -227,8 +225,7 @@ def run_measured(cfg: DictConfig, v: RunView, target: Target, validation: Valida
 
 
 def run_interleaved_pair(cfg: DictConfig, v: RunView, target: LaunchSpec, validation: Validation, key: str,
-                         prepared: PreparedWorkload, post_run: Sequence[PostRun] = (),
-                         between: Between | None = None) -> dict:
+                         prepared: PreparedWorkload, post_run: Sequence[PostRun] = ()) -> dict:
     """Option and a fresh baseline paired in time (baseline.timing=interleaved): both servers up together, each
     block of first-seen prompts sent to one and then the other (ABBA), two runs open at once. The baseline's
     measurement is exported first, then the option is compared with it; both are exported on every way out."""
@@ -244,7 +241,7 @@ def run_interleaved_pair(cfg: DictConfig, v: RunView, target: LaunchSpec, valida
         bm.tags["specws.paired_option_run_id"] = run.id
         try:
             try:
-                measure_interleaved(arms, cfg, prepared, between)
+                measure_interleaved(arms, cfg, prepared)
             finally:
                 for arm in arms:
                     arm.close()
