@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.analysis.categories import ALL, category_rows
+from experiments.analysis.forecast_prior import forecast_prior
 from experiments.analysis.recommend_flags import ADAPTIVE_FILE, choice_flags, schedule
 from experiments.analysis.recommend_rows import Candidate, Decision, Load, Range, choice_label, collapse, decide
 from experiments.analysis.report_runs import (
@@ -183,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recommend refused: {exc}", file=sys.stderr)
         return 2
     recs = build(client, options, all_runs)
+    for (workload, label), line in forecast_prior(client, exp_id, options).items():
+        for rec in (r for r in recs if r.workload == workload):
+            rec.excluded[f"{label} (forecast only)"] = line
     stem = args.experiment.replace("/", "_").replace("@", "_")
     title = f"Recommendation: {args.experiment}" + ("" if args.since is None else f", runs since {iso(args.since)}")
     json_path, md_path = write(recs, args.out, stem, title)

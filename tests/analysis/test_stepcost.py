@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.runs import run_config
-from experiments.analysis.speedup.forecast import ForecastUnavailable, forecast
+from experiments.analysis.speedup.forecast import ForecastUnavailable, HostOutsideProfile, forecast
 from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
 from experiments.analysis.speedup.stepcost import (
     ProfileMissing,
@@ -54,14 +54,15 @@ def store(tmp_path_factory) -> tuple[MlflowClient, str, dict[str, str]]:
     return client, exp, ids
 
 
-def profile_of(client, exp, ids, exclude=()) -> StepCostProfile:
-    runs = [r for r in client.search_runs([exp]) if r.info.run_id not in exclude]
-    return fit_profile(key_of(client.get_run(ids["base"])), level_steps(client, runs, "loop"), CAP)
+def profile_of(client, exp, ids, exclude=(), unit="base") -> StepCostProfile:
+    runs = [r for r in client.search_runs([exp]) if r.info.run_id not in exclude
+            and r.data.tags.get("specws.option") not in ("slow_base", "slow_ngram4", "far_base")]
+    return fit_profile(key_of(client.get_run(ids["base"])), level_steps(client, runs, "loop"), CAP, unit=unit)
 
 
 def test_fit_recovers_the_schedule_in_each_regime(store) -> None:
     client, exp, ids = store
-    profile = profile_of(client, exp, ids)
+    profile = profile_of(client, exp, ids, unit="ms")
     assert set(profile.regimes) == {"graphs", "eager"} and profile.graph_cap == CAP
     assert profile.regime(1)[0] == "graphs" and profile.regime(2)[0] == "eager"
     # the loopback streams each request on its own schedule whatever the batch: at c = 2 the per-token term
@@ -72,9 +73,46 @@ def test_fit_recovers_the_schedule_in_each_regime(store) -> None:
         assert regime.b_tok_ms * c == pytest.approx(B_TOK, abs=0.3)
         assert regime.over_ms == pytest.approx(OVERHEAD, abs=0.8)
         assert regime.draft_ms == pytest.approx(DRAFT, abs=0.35)
-        assert regime.excess_ms("ngram", c, 4) == pytest.approx(OVERHEAD + 3 * B_TOK, abs=0.6)
-        assert regime.excess_ms("eagle3", c, 4, 3) == pytest.approx(step_ms(4, 3) - T1, abs=0.8)
+        assert regime.excess("ngram", c, 4) == pytest.approx(OVERHEAD + 3 * B_TOK, abs=0.6)
+        assert regime.excess("eagle3", c, 4, 3) == pytest.approx(step_ms(4, 3) - T1, abs=0.8)
         assert regime.residual_rel < 0.1
+    # in baseline steps (the default): the same terms over the decode step they were measured beside
+    relative = profile_of(client, exp, ids).regimes["graphs"]
+    assert relative.unit == "base" and relative.over_ms == pytest.approx(OVERHEAD / T1, abs=0.8 / T1)
+    assert relative.excess("ngram", 1, 4) * T1 == pytest.approx(OVERHEAD + 3 * B_TOK, abs=0.6)
+    assert relative.host_range[0] == pytest.approx(1.0, abs=0.1) and relative.host_range[1] < 1.1
+
+
+SLOW, FAR = 1.4, 3.0     # hosts slower than the profile's, inside and outside HOST_TOLERANCE
+
+
+def slow_host(client: MlflowClient, tmp: Path, exp: str, factor: float, name: str) -> str:
+    """A baseline on a host `factor` times slower, whose every step (decode and speculative) takes that much longer."""
+    return log_run(client, exp, tmp, f"{name}_base", {}, step_ms(1) * factor, 1)
+
+
+def test_step_costs_in_baseline_steps_carry_to_a_slower_host(store, tmp_path) -> None:
+    """The profile of the fast host forecasts the slow host's n-gram run: in baseline steps within 10 %, in
+    absolute ms too high (the excess stays as fast as the fast host's); a host three times slower than any the
+    profile saw is refused, with the probe to run."""
+    client, exp, ids = store
+    base_id = slow_host(client, tmp_path, exp, SLOW, "slow")
+    option_id = log_run(client, exp, tmp_path, "slow_ngram4", {"spec.method": "ngram", "spec.num_draft_tokens": "4"},
+                        step_ms(4) * SLOW, 2, base_id)
+    base, option = client.get_run(base_id), client.get_run(option_id)
+    records = run_records(client, base_id)
+    steps = [RequestSteps(len(r["output_token_ids"]) - 1, (len(r["output_token_ids"]) - 1) / 2, 1.0)
+             for r in finished(records)]
+    for unit, close in (("base", True), ("ms", False)):
+        profile = profile_of(client, exp, ids, unit=unit)
+        f = forecast(records, base.data.metrics, steps, run_config(option), profile).overall()[0]
+        measured = option.data.metrics["output_tok_s_c1"] / base.data.metrics["output_tok_s_c1"]
+        assert (f.speedup == pytest.approx(measured, rel=0.1)) is close, (unit, f.speedup, measured)
+    far_id = slow_host(client, tmp_path, exp, FAR, "far")
+    far_records = run_records(client, far_id)
+    with pytest.raises(HostOutsideProfile, match="host outside the profile.*bin/probe"):
+        forecast(far_records, client.get_run(far_id).data.metrics, steps, run_config(option),
+                 profile_of(client, exp, ids))
 
 
 def test_profile_round_trips_and_is_found_by_key(store, tmp_path) -> None:

@@ -39,8 +39,10 @@ def test_each_run_is_forecast_from_the_other_lease_only(tmp_path, monkeypatch) -
     assert sorted(lz.name for lz in found) == ["kimi_lease2", "kimi_lease3"]
     rows, skipped = validation_rows(found)
     assert rows, skipped
+    assert {(r["unit"], r["scope"]) for r in rows} == set(validate.VARIANTS)
     for r in rows:
-        assert r["lease"] not in r["profile_leases"].split(",") and r["profile_leases"]
+        fitted_on = r["profile_leases"].split(",")
+        assert (r["lease"] not in fitted_on if r["scope"] == "other leases" else fitted_on == [r["lease"]]), r
         assert r["forecast_low"] <= r["forecast"] <= r["forecast_high"]
         assert r["error"] == r["forecast"] / r["measured"] - 1.0
     assert {r["method"] for r in rows} == {"ngram"}
@@ -51,6 +53,7 @@ def test_each_run_is_forecast_from_the_other_lease_only(tmp_path, monkeypatch) -
     assert any("is not here" in s["reason"] for s in heads)
     s = summary(rows)
     assert s["rows"] == len(rows) and s["agree"] + s["opposite"] + s["forecast_inconclusive"] == s["decided"]
+    assert 0.0 <= s["covered"] <= 1.0 and s["covered"] == sum(r["covered"] for r in rows) / len(rows)
 
 
 def test_the_command_keeps_the_hand_written_text(tmp_path, monkeypatch, capsys) -> None:
@@ -60,6 +63,7 @@ def test_the_command_keeps_the_hand_written_text(tmp_path, monkeypatch, capsys) 
     assert main(["--journal", str(journal(tmp_path)), "--write", str(doc)]) == 0
     text = doc.read_text()
     assert text.startswith("# intro") and text.endswith("why the goal is missed\n") and "old table" not in text
-    assert "mean |error|" in text and "mean |error|" in capsys.readouterr().out
+    assert "mean / median |error|" in text and "within the lease" in capsys.readouterr().out
+    assert "| baseline steps | other leases |" in text and "| ms | same lease |" in text
     write_generated(doc, ["new"])
     assert doc.read_text().count(BEGIN) == 1 and "\nnew\n" in doc.read_text()

@@ -21,7 +21,13 @@ import numpy as np
 
 from experiments.analysis.runs import RunConfig
 from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
-from experiments.analysis.speedup.stepcost import MIN_GAPS, StepCostProfile, steady_step_ms, verify_width
+from experiments.analysis.speedup.stepcost import (
+    HOST_TOLERANCE,
+    MIN_GAPS,
+    StepCostProfile,
+    steady_step_ms,
+    verify_width,
+)
 from experiments.analysis.stats import LOSES, PAYS, UNCLEAR
 
 N_BOOT = 2000
@@ -29,6 +35,14 @@ N_BOOT = 2000
 
 class ForecastUnavailable(ValueError):
     """An input the forecast needs is missing; the message names it."""
+
+
+class HostOutsideProfile(ForecastUnavailable):
+    """The baseline ran on a host faster or slower than every host the step-cost profile was fitted on."""
+
+
+PROBE_HINT = ("probe this host first (step times only, a few prompts per level): bin/probe, or on a lent GPU host "
+              "bin/h200 probe; then forecast again")
 
 
 @dataclass
@@ -87,9 +101,9 @@ def verified_per_step(option: RunConfig, steps: RequestSteps) -> float:
     return width
 
 
-def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray, scale: float
+def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray, base_step_ms: float | None
             ) -> tuple[np.ndarray, str, str]:
-    """Excess step time per request at level c, the regime's name and a flag."""
+    """Excess step time (s) per request at level c, the regime's name and a flag."""
     name, regime = profile.regime(c, option.graph_batch_limit)
     flag = ""
     if regime is None:
@@ -99,27 +113,34 @@ def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray,
         regime = profile.regimes[other]
         flag = f"c{c}: the {name} regime was never probed, {other}-regime terms used"
     draft_steps = int(option.spec.num_steps or 0) if option.spec.method == "eagle3" else 0
-    values = [regime.excess_ms(option.spec.method, c, float(q), draft_steps) for q in qs]
+    values = [regime.excess(option.spec.method, c, float(q), draft_steps) for q in qs]
     if any(v is None for v in values):
         missing = "draft_ms (no EAGLE-3 run probed)" if option.spec.method == "eagle3" else "b_tok_ms"
         raise ForecastUnavailable(f"the step-cost profile lacks {missing} in the {name} regime")
-    return np.asarray(values, float) * scale / 1000.0, name, flag
+    if regime.unit == "ms":
+        unit_ms = 1.0
+    elif base_step_ms is None:
+        raise ForecastUnavailable(f"c{c}: the baseline streamed too few chunks to measure its decode step")
+    else:
+        unit_ms = base_step_ms
+    return np.asarray(values, float) * unit_ms / 1000.0, name, flag
 
 
 def forecast_group(rows: list[dict], steps: list[RequestSteps], option: RunConfig, profile: StepCostProfile,
-                   c: int, category: str, scale: float = 1.0, seed: int = 0) -> LevelForecast:
+                   c: int, category: str, base_step_ms: float | None, seed: int = 0) -> LevelForecast:
     n = np.array([len(r["output_token_ids"]) for r in rows], float)
     e2e = np.array([r["e2e_s"] for r in rows], float)
     ttft = np.array([r.get("ttft_s") or 0.0 for r in rows], float)
     s = np.where(n > 1, (e2e - ttft) / np.maximum(n - 1, 1), 0.0)
     big_s = np.array([st.steps for st in steps], float)
     qs = np.array([verified_per_step(option, st) for st in steps], float)
-    x, regime, flag = _excess(profile, option, c, qs, scale)
+    x, regime, flag = _excess(profile, option, c, qs, base_step_ms)
+    ttft = ttft * _ttft_ratio(profile, option, c)
     e2e_opt = ttft + big_s * (s + x)
     estimate = float(e2e.sum() / e2e_opt.sum())
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(rows), size=(N_BOOT, len(rows)))
-    noise = 1.0 + rng.normal(0.0, _residual(profile, option, c), size=(N_BOOT, 1))
+    noise = np.exp(rng.normal(0.0, np.log1p(_residual(profile, option, c)), size=(N_BOOT, 1)))
     boot_opt = ttft[idx] + big_s[idx] * (s[idx] + x[idx]) * noise
     boots = e2e[idx].sum(1) / boot_opt.sum(1)
     lo, hi = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
@@ -128,26 +149,42 @@ def forecast_group(rows: list[dict], steps: list[RequestSteps], option: RunConfi
                          float(qs.mean()), regime, len(rows), flag=flag)
 
 
+def _ttft_ratio(profile: StepCostProfile, option: RunConfig, c: int) -> float:
+    regime = profile.regime(c, option.graph_batch_limit)[1] or next(iter(profile.regimes.values()))
+    return regime.ttft_ratio.get(option.spec.method, 1.0)
+
+
 def _residual(profile: StepCostProfile, option: RunConfig, c: int) -> float:
     regime = profile.regime(c, option.graph_batch_limit)[1] or next(iter(profile.regimes.values()))
     return regime.residual_rel
 
 
-def level_scale(profile: StepCostProfile, base_rows: list[dict], option: RunConfig, c: int) -> float:
-    """The forecast baseline's decode step over the profile's at level c (1 where the profile has none): the
-    excess scales with the host's speed when the profile was probed on another lease of the same site."""
+def baseline_step_ms(rows: list[dict]) -> float | None:
+    """The baseline's steady decode step at one level (ms) from its streamed chunks; None with too few."""
+    gaps = [b - a for r in rows for a, b in zip(r.get("chunk_times_s") or [], (r.get("chunk_times_s") or [])[1:],
+                                                strict=False)]
+    return steady_step_ms(np.asarray(gaps)) if len(gaps) >= MIN_GAPS else None
+
+
+def host_outside(profile: StepCostProfile, option: RunConfig, c: int, step_ms: float | None) -> str:
+    """Why this baseline's host lies outside every host the profile saw ('' when inside, or unknown)."""
     regime = profile.regime(c, option.graph_batch_limit)[1]
     fitted = regime.decode_ms(c) if regime is not None else None
-    gaps = [b - a for r in base_rows for a, b in zip(r.get("chunk_times_s") or [], (r.get("chunk_times_s") or [])[1:],
-                                                      strict=False)]
-    if not fitted or len(gaps) < MIN_GAPS:
-        return 1.0
-    return steady_step_ms(np.asarray(gaps)) / fitted
+    if not fitted or step_ms is None or regime.host_range is None:
+        return ""
+    lo, hi = regime.host_range
+    ratio = step_ms / fitted
+    if lo / HOST_TOLERANCE <= ratio <= hi * HOST_TOLERANCE:
+        return ""
+    return (f"host outside the profile: this baseline's decode step at c={c} is {step_ms:.1f} ms, "
+            f"{ratio:.2f}x the profile's fitted {fitted:.1f} ms, where the hosts it was fitted on ran "
+            f"{lo:.2f}-{hi:.2f}x; {PROBE_HINT}")
 
 
 def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: list[RequestSteps],
-             option: RunConfig, profile: StepCostProfile, scaled: bool = False) -> Forecast:
-    """Per level (and category) of the baseline: the option's predicted speedup with an interval."""
+             option: RunConfig, profile: StepCostProfile, check_host: bool = True) -> Forecast:
+    """Per level (and category) of the baseline: the option's predicted speedup with an interval. Raises
+    HostOutsideProfile (`check_host`) where the baseline's host lies outside the profile's."""
     rows = finished(base_records)
     if len(rows) != len(steps):
         raise ForecastUnavailable(f"{len(steps)} offline estimates for {len(rows)} baseline requests")
@@ -156,7 +193,10 @@ def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: li
     for i, r in enumerate(rows):
         by_level.setdefault(int(r.get("concurrency") or 1), []).append(i)
     for c, idx in sorted(by_level.items()):
-        scale = level_scale(profile, [rows[i] for i in idx], option, c) if scaled else 1.0
+        step_ms = baseline_step_ms([rows[i] for i in idx])
+        outside = host_outside(profile, option, c, step_ms) if check_host else ""
+        if outside:
+            raise HostOutsideProfile(outside)
         groups: dict[str, list[int]] = {}
         for i in idx:
             groups.setdefault(str(rows[i].get("category") or "?"), []).append(i)
@@ -164,7 +204,7 @@ def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: li
                                                                      for k, v in groups.items()})
         for cat, members in groups.items():
             f = forecast_group([rows[i] for i in members], [steps[i] for i in members], option, profile, c, cat,
-                               scale)
+                               step_ms)
             if cat == "all":
                 f.baseline_tok_s = base_metrics.get(f"output_tok_s_c{c}")
             out.levels.append(f)

@@ -5,6 +5,11 @@ assumed. Read from finished runs' records (one streamed chunk per engine step), 
     verify excess(c, q)  = over + over_seq * c + b_tok * c * (q - 1)       (n-gram runs, over their paired baseline)
     EAGLE-3 excess       = over_e + over_seq_e * c + b_tok * c * (q - 1) + draft_ms * draft steps
 
+The excess terms are fitted in one of two units: `base` (the default), fractions of the paired baseline's own decode
+step at the same level, so that a profile carries from one host to another as the host's baseline moves; or `ms`,
+absolute milliseconds, true only on the host state that measured them. The decode terms stay in ms: they say which
+baseline speeds the profile has seen (`host_range`), and a forecast on a host outside that range predicts nothing.
+
 q: tokens verified per sequence and step (SGLang: its whole tree, fixed; vLLM: 1 + the drafted tokens, from the
 counters per level). The regimes: `graphs` (c at or below the engine's CUDA-graph batch limit), `eager` (above it)
 and `all` (every level of a run whose arguments set no limit). A profile is a JSON file (profiles/ beside this
@@ -26,8 +31,10 @@ from experiments.tracking.records import run_records
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PROFILES_ENV = "SPECWS_STEP_COSTS"   # another folder of profiles (a team's shared one), instead of PROFILES
+UNITS = ("base", "ms")
+HOST_TOLERANCE = 1.5   # a baseline this much faster or slower than any the profile saw is on a host outside it
 MIN_GAPS = 20          # chunk intervals a level needs before its step time counts
-PAUSE_FACTOR = 10.0    # intervals longer than this many medians are pauses (prefill of a new batch, warm-up)
+PAUSE_FACTOR = 1e9    # no interval is left out: the pauses for other requests' prefill are part of what a step costs
 
 
 class ProfileMissing(LookupError):
@@ -72,6 +79,8 @@ class LevelStep:
     step_ms: float
     regime: str
     base_step_ms: float | None = None   # the paired baseline's at the same c
+    ttft_ms: float | None = None        # mean time to first token over the level's requests
+    base_ttft_ms: float | None = None
 
     @property
     def excess_ms(self) -> float | None:
@@ -110,10 +119,13 @@ def run_level_steps(client, run, lease: str = "") -> list[LevelStep]:
     """Step time per level of one finished run from its records' chunk intervals."""
     config = run_config(run)
     gaps: dict[int, list[float]] = {}
+    ttfts: dict[int, list[float]] = {}
     for r in run_records(client, run.info.run_id) or []:
         c, t = r.get("concurrency"), r.get("chunk_times_s") or []
         if c and not r.get("error"):
             gaps.setdefault(int(c), []).extend(b - a for a, b in zip(t, t[1:], strict=False))
+            if r.get("ttft_s"):
+                ttfts.setdefault(int(c), []).append(1000.0 * r["ttft_s"])
     cap = config.graph_batch_limit
     draft_steps = (config.spec.num_steps or 0) if config.spec.method == "eagle3" else 0
     out = []
@@ -121,7 +133,8 @@ def run_level_steps(client, run, lease: str = "") -> list[LevelStep]:
         q = verified_at(config, run.data.metrics, c)
         if len(g) >= MIN_GAPS and q is not None:
             out.append(LevelStep(run.info.run_id, lease, config.spec.method, c, q, draft_steps,
-                                 steady_step_ms(np.asarray(g)), regime_of(c, cap)))
+                                 steady_step_ms(np.asarray(g)), regime_of(c, cap),
+                                 ttft_ms=float(np.mean(ttfts[c])) if ttfts.get(c) else None))
     return out
 
 
@@ -130,10 +143,10 @@ def level_steps(client, runs, lease: str = "") -> list[LevelStep]:
     steps = {run.info.run_id: run_level_steps(client, run, lease) for run in runs}
     baselines = {r.info.run_id: r.data.tags.get("specws.baseline_run_id") for r in runs}
     for run_id, levels in steps.items():
-        base = {s.c: s.step_ms for s in steps.get(baselines[run_id] or "", []) if s.method == "none"}
+        base = {s.c: s for s in steps.get(baselines[run_id] or "", []) if s.method == "none"}
         for s in levels:
-            if s.method != "none":
-                s.base_step_ms = base.get(s.c)
+            if s.method != "none" and s.c in base:
+                s.base_step_ms, s.base_ttft_ms = base[s.c].step_ms, base[s.c].ttft_ms
     return [s for levels in steps.values() for s in levels]
 
 
@@ -152,18 +165,23 @@ class RegimeCost:
     draft_ms: float | None = None
     residual_rel: float = 0.0      # RMS of (fitted - measured) / measured speculative step, over the fitted points
     points: list[dict] = field(default_factory=list)
+    unit: str = "ms"               # of the excess terms: ms, or `base` (fractions of the baseline's decode step)
+    host_range: list[float] | None = None   # measured baseline step / fitted decode(c), lowest and highest seen
+    unseparated: list[str] = field(default_factory=list)   # terms the runs could not tell apart (set from others)
+    ttft_ratio: dict[str, float] = field(default_factory=dict)   # per method: its TTFT over the paired baseline's
 
     def decode_ms(self, c: float) -> float | None:
         if self.decode_a_ms is None:
             return None
         return self.decode_a_ms + (self.decode_b_seq_ms or 0.0) * c
 
-    def excess_ms(self, method: str, c: float, q: float, draft_steps: int = 0) -> float | None:
-        """Step time over the baseline's at the same c; None where the profile lacks a term it needs."""
+    def excess(self, method: str, c: float, q: float, draft_steps: int = 0) -> float | None:
+        """Step time over the baseline's at the same c, in the regime's unit; None where a term it needs is
+        missing."""
         if method == "none" or q <= 1 and not draft_steps:
             return 0.0
-        if self.b_tok_ms is None:
-            return None
+        if self.b_tok_ms is None or method == "ngram" and self.over_ms is None:
+            return None   # no run of this method in the regime: a missing term is not a zero
         verify = self.b_tok_ms * c * (q - 1)
         if method == "eagle3":
             if self.draft_ms is None:
@@ -194,55 +212,91 @@ def _fit_decode(points: list[LevelStep], cost: RegimeCost) -> None:
     ts = np.array([p.step_ms for p in base])
     if len(set(cs)) == 1:
         cost.decode_a_ms, cost.decode_b_seq_ms = float(ts.mean()), 0.0
-        return
-    b, a = np.polyfit(cs, ts, 1)
-    cost.decode_a_ms, cost.decode_b_seq_ms = float(max(a, 0.0)), float(max(b, 0.0))
+    else:
+        b, a = np.polyfit(cs, ts, 1)
+        cost.decode_a_ms, cost.decode_b_seq_ms = float(max(a, 0.0)), float(max(b, 0.0))
+    ratios = [p.step_ms / cost.decode_ms(p.c) for p in base if cost.decode_ms(p.c)]
+    cost.host_range = [float(min(ratios)), float(max(ratios))] if ratios else None
+
+
+def _unit_of(p: LevelStep, unit: str) -> float:
+    """What one unit of the excess is worth at this point, in ms."""
+    return 1.0 if unit == "ms" else float(p.base_step_ms or 0.0)
+
+
+def _excess_rows(points: list[LevelStep], method: str, unit: str) -> list[LevelStep]:
+    return [p for p in points if p.method == method and p.excess_ms is not None and _unit_of(p, unit) > 0
+            and (method != "eagle3" or p.draft_steps)]
 
 
 def _fit_verify(points: list[LevelStep], cost: RegimeCost) -> None:
-    rows = [(p.c, p.q, p.excess_ms) for p in points if p.method == "ngram" and p.excess_ms is not None]
+    rows = _excess_rows(points, "ngram", cost.unit)
     if not rows:
         return
-    c, q, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
-    coef = nonneg_lstsq({"over": np.ones_like(c), "over_seq": c, "b_tok": c * (q - 1)}, y,
-                        [[], ["over_seq"], ["over"], ["over", "over_seq"]])
+    c, q = np.array([p.c for p in rows], float), np.array([p.q for p in rows], float)
+    y = np.array([p.excess_ms / _unit_of(p, cost.unit) for p in rows])
+    drops = [[], ["over_seq"], ["over"], ["over", "over_seq"]]
+    coef = nonneg_lstsq({"over": np.ones_like(c), "over_seq": c, "b_tok": c * (q - 1)}, y, drops)
     if coef is not None:
         cost.over_ms, cost.over_seq_ms, cost.b_tok_ms = coef["over"], coef["over_seq"], coef["b_tok"]
+        cost.unseparated += _unseparated(c, q, "over_seq", "b_tok")
+
+
+def _unseparated(c: np.ndarray, second: np.ndarray, per_seq: str, other: str) -> list[str]:
+    """The growth terms one concurrency (or one draft length) cannot tell from the fixed cost."""
+    return ([per_seq] if len(set(c)) == 1 else []) + ([other] if len(set(second)) == 1 else [])
 
 
 def _fit_eagle(points: list[LevelStep], cost: RegimeCost) -> None:
-    rows = [(p.c, p.draft_steps, p.excess_ms - (cost.b_tok_ms or 0.0) * p.c * (p.q - 1)) for p in points
-            if p.method == "eagle3" and p.draft_steps and p.excess_ms is not None]
+    rows = _excess_rows(points, "eagle3", cost.unit)
     if not rows:
         return
-    c, d, y = (np.array(v, dtype=float) for v in zip(*rows, strict=True))
+    c, d = np.array([p.c for p in rows], float), np.array([p.draft_steps for p in rows], float)
+    y = np.array([p.excess_ms / _unit_of(p, cost.unit) - (cost.b_tok_ms or 0.0) * p.c * (p.q - 1) for p in rows])
     if cost.b_tok_ms is None:
         cost.b_tok_ms = 0.0   # no n-gram run: verification is folded into the EAGLE-3 terms
+        cost.unseparated.append("b_tok")
     coef = nonneg_lstsq({"over": np.ones_like(c), "over_seq": c, "draft": d}, y,
                         [[], ["over_seq"], ["draft"], ["over_seq", "draft"]])
     if coef is not None and len(set(zip(c, d, strict=True))) > 1:
         cost.eagle_over_ms, cost.eagle_over_seq_ms, cost.draft_ms = coef["over"], coef["over_seq"], coef["draft"]
+        cost.unseparated += _unseparated(c, d, "eagle_over_seq", "draft")
         return
     # one (c, steps) point: the n-gram overhead stands for EAGLE-3's own, the rest is the draft's
     over, over_seq = cost.over_ms or 0.0, cost.over_seq_ms or 0.0
     cost.eagle_over_ms, cost.eagle_over_seq_ms = over, over_seq
     cost.draft_ms = float(max(0.0, np.median((y - over - over_seq * c) / d)))
+    cost.unseparated += ["eagle_over_seq", "draft"]
+
+
+def _ttft_ratios(points: list[LevelStep]) -> dict[str, float]:
+    """Per speculative method: the median of its TTFT over its baseline's at the same level (an EAGLE-3 prefill also
+    runs the draft; a new request's prefill waits behind slower speculative steps)."""
+    out: dict[str, list[float]] = {}
+    for p in points:
+        if p.method != "none" and p.ttft_ms and p.base_ttft_ms:
+            out.setdefault(p.method, []).append(p.ttft_ms / p.base_ttft_ms)
+    return {m: float(np.median(v)) for m, v in out.items()}
 
 
 def _residual(points: list[LevelStep], cost: RegimeCost) -> float:
     errs = []
     for p in points:
-        fit = cost.excess_ms(p.method, p.c, p.q, p.draft_steps)
+        fit = cost.excess(p.method, p.c, p.q, p.draft_steps)
         if p.method != "none" and p.base_step_ms is not None and fit is not None:
-            errs.append((p.base_step_ms + fit - p.step_ms) / p.step_ms)
+            errs.append((p.base_step_ms + fit * _unit_of(p, cost.unit) - p.step_ms) / p.step_ms)
     return float(np.sqrt(np.mean(np.square(errs)))) if errs else 0.0
 
 
-def fit_regime(points: list[LevelStep]) -> RegimeCost:
-    cost = RegimeCost(points=[asdict(p) for p in points])
+def fit_regime(points: list[LevelStep], unit: str = "base") -> RegimeCost:
+    if unit not in UNITS:
+        raise ValueError(f"unit {unit!r}: one of {', '.join(UNITS)}")
+    cost = RegimeCost(points=[asdict(p) for p in points], unit=unit)
     _fit_decode(points, cost)
     _fit_verify(points, cost)
     _fit_eagle(points, cost)
+    cost.unseparated = sorted(set(cost.unseparated))
+    cost.ttft_ratio = _ttft_ratios(points)
     cost.residual_rel = _residual(points, cost)
     return cost
 
@@ -275,18 +329,22 @@ class StepCostProfile:
     def summary(self) -> str:
         parts = []
         for name, r in self.regimes.items():
-            terms = {k: v for k, v in asdict(r).items() if k not in ("points", "residual_rel") and v is not None}
-            parts.append(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in terms.items())
-                         + f" (residual {100 * r.residual_rel:.0f} %)")
+            terms = {k: v for k, v in asdict(r).items() if isinstance(v, float) and k != "residual_rel"}
+            hosts = "" if r.host_range is None else \
+                f", hosts {r.host_range[0]:.2f}-{r.host_range[1]:.2f}x the decode fit"
+            parts.append(f"{name} (excess in {'ms' if r.unit == 'ms' else 'baseline steps'}): "
+                         + ", ".join(f"{k} {v:.3g}" for k, v in terms.items())
+                         + f" (residual {100 * r.residual_rel:.0f} %{hosts})")
         return "; ".join(parts)
 
 
-def fit_profile(key: ProfileKey, steps: list[LevelStep], graph_cap: int | None, note: str = "") -> StepCostProfile:
+def fit_profile(key: ProfileKey, steps: list[LevelStep], graph_cap: int | None, note: str = "",
+                unit: str = "base") -> StepCostProfile:
     regimes = {}
     for name in ("all", "graphs", "eager"):
         pts = [s for s in steps if s.regime == name]
         if pts:
-            regimes[name] = fit_regime(pts)
+            regimes[name] = fit_regime(pts, unit)
     return StepCostProfile(key, graph_cap, regimes, sorted({s.run_id for s in steps}),
                            sorted({s.lease for s in steps if s.lease}), note)
 

@@ -25,9 +25,9 @@ import numpy as np
 from experiments.analysis.categories import accept_length_of, acceptor
 from experiments.analysis.contamination import check_contamination
 from experiments.analysis.runs import run_config
-from experiments.analysis.speedup.forecast import ForecastUnavailable, forecast
+from experiments.analysis.speedup.forecast import ForecastUnavailable, HostOutsideProfile, forecast
 from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, RequestSteps, offline_steps
-from experiments.analysis.speedup.stepcost import fit_profile, key_of, level_steps, save_profile
+from experiments.analysis.speedup.stepcost import StepCostProfile, fit_profile, key_of, level_steps, save_profile
 from experiments.analysis.stats import UNCLEAR, records_speedup, verdict
 from experiments.config.paths import ROOT, cache_dir
 from experiments.tracking.import_runs import archive_stem, store_archive
@@ -114,8 +114,13 @@ def contamination(client, run, records: list[dict]) -> str:
     return check.as_tag()
 
 
-def validation_rows(all_leases: list[Lease], scaled: bool = False) -> tuple[list[dict], list[dict]]:
-    """(rows per run and level, runs not forecast with the reason)."""
+VARIANTS = (("base", "other leases"), ("ms", "other leases"), ("base", "same lease"), ("ms", "same lease"))
+MAIN = VARIANTS[0]
+
+
+def validation_rows(all_leases: list[Lease]) -> tuple[list[dict], list[dict]]:
+    """(rows per run, level and variant (unit of the step costs, where they were fitted), runs or variants not
+    forecast with the reason)."""
     steps_by_lease = {lz.name: level_steps(lz.client, lz.runs, lz.name) for lz in all_leases}
     rows, skipped = [], []
     for lease in all_leases:
@@ -130,9 +135,18 @@ def validation_rows(all_leases: list[Lease], scaled: bool = False) -> tuple[list
                    "workload": config.workload, "method": config.spec.method,
                    "k": config.spec.num_draft_tokens if config.spec.method == "ngram" else config.spec.num_steps}
             try:
-                rows += run_rows(lease, run, by_id, all_leases, steps_by_lease, row, scaled)
+                inputs = run_inputs(lease, run, by_id)
             except (ForecastUnavailable, AcceptanceUnavailable) as exc:
                 skipped.append(row | {"reason": str(exc)})
+                continue
+            for unit, scope in VARIANTS:
+                variant = row | {"unit": unit, "scope": scope}
+                try:
+                    profile = variant_profile(lease, run, all_leases, steps_by_lease, unit, scope)
+                    rows += forecast_rows(inputs, profile, variant)
+                except ForecastUnavailable as exc:
+                    skipped.append(variant | {"reason": str(exc),
+                                              "outside": isinstance(exc, HostOutsideProfile)})
     return rows, skipped
 
 
@@ -149,8 +163,19 @@ def cached_steps(lease: str, baseline_id: str, config, params: dict[str, str], r
     return steps
 
 
-def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_lease: dict, row: dict,
-             scaled: bool) -> list[dict]:
+@dataclass
+class RunInputs:
+    """What a forecast of one measured run may use (its baseline's records and the offline acceptance), and what it
+    is checked against (the run's own records)."""
+    run: object
+    base: object
+    records: list[dict]
+    base_records: list[dict]
+    config: object
+    steps: list
+
+
+def run_inputs(lease: Lease, run, by_id: dict) -> RunInputs:
     config = run_config(run)
     base = by_id.get(config.baseline_run_id or "")
     if base is None:
@@ -161,12 +186,6 @@ def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_l
     clean = contamination(lease.client, run, records)
     if not clean.startswith("clean"):
         raise ForecastUnavailable(f"contamination check: {clean}")
-    group = lease_group(run)
-    others = [s for lz in all_leases if lz.name != lease.name for s in steps_by_lease[lz.name]
-              if lz.runs and any(r.info.run_id == s.run_id and lease_group(r) == group for r in lz.runs)]
-    if not others:
-        raise ForecastUnavailable(f"no other lease measured step costs of {'/'.join(group)}")
-    profile = fit_profile(key_of(base), others, config.graph_batch_limit)
     params = dict(run.data.params)
     params["model.path"] = local_model(params) or ""
     if config.spec.method == "eagle3":
@@ -175,17 +194,39 @@ def run_rows(lease: Lease, run, by_id: dict, all_leases: list[Lease], steps_by_l
             raise ForecastUnavailable(f"the EAGLE-3 head it served ({params.get('spec.draft_model')}) is not here")
         config = replace(config, spec=replace(config.spec, draft_model=head))
     steps = cached_steps(lease.name, base.info.run_id, config, params, base_records)
-    result = forecast(base_records, base.data.metrics, steps, config, profile, scaled)
+    return RunInputs(run, base, records, base_records, config, steps)
+
+
+def variant_profile(lease: Lease, run, all_leases: list[Lease], steps_by_lease: dict, unit: str,
+                    scope: str) -> StepCostProfile:
+    """Step costs of the run's engine, model and site, fitted in `unit` on the other leases, or on the same lease's
+    other runs (a probe on the same host; the run itself left out)."""
+    group = lease_group(run)
+    same = scope == "same lease"
+    leave_out = {run.info.run_id}
+    points = [s for lz in all_leases if (lz.name == lease.name) == same for s in steps_by_lease[lz.name]
+              if s.run_id not in leave_out and any(r.info.run_id == s.run_id and lease_group(r) == group
+                                                   for r in lz.runs)]
+    if not any(p.excess_ms is not None for p in points):
+        where = "this lease's other runs" if same else "another lease"
+        raise ForecastUnavailable(f"no step costs of {'/'.join(group)} in {where}")
+    config = run_config(run)
+    return fit_profile(key_of(run), points, config.graph_batch_limit, unit=unit)
+
+
+def forecast_rows(inputs: RunInputs, profile: StepCostProfile, row: dict) -> list[dict]:
+    result = forecast(inputs.base_records, inputs.base.data.metrics, inputs.steps, inputs.config, profile)
     out = []
     for f in result.overall():
         c = f.concurrency
-        m = records_speedup([r for r in records if r.get("concurrency") == c],
-                            [r for r in base_records if r.get("concurrency") == c])
+        m = records_speedup([r for r in inputs.records if r.get("concurrency") == c],
+                            [r for r in inputs.base_records if r.get("concurrency") == c])
         out.append(row | {"c": c, "forecast": f.speedup, "forecast_low": f.low, "forecast_high": f.high,
                           "forecast_verdict": f.verdict, "measured": m.estimate, "measured_low": m.low,
                           "measured_high": m.high, "measured_verdict": verdict(m), "tokens_per_step": f.tokens_per_step,
-                          "measured_tokens_per_step": run.data.metrics.get(f"accept_length_c{c}"),
+                          "measured_tokens_per_step": inputs.run.data.metrics.get(f"accept_length_c{c}"),
                           "regime": f.regime, "error": f.speedup / m.estimate - 1.0,
+                          "covered": f.low <= m.estimate <= f.high,
                           "profile_leases": ",".join(profile.leases), "flag": f.flag})
     return out
 
@@ -211,33 +252,70 @@ def save_all_profiles(all_leases: list[Lease]) -> list[Path]:
     return paths
 
 
-def summary(rows: list[dict]) -> dict[str, float]:
+def summary(rows: list[dict], refused: int = 0) -> dict[str, float]:
     errs = np.array([abs(r["error"]) for r in rows])
     decided = [r for r in rows if r["measured_verdict"] != UNCLEAR]
     agree = [r for r in decided if r["forecast_verdict"] == r["measured_verdict"]]
-    wrong = [r for r in decided if r["forecast_verdict"] not in (r["measured_verdict"], UNCLEAR)]
+    wrong = [r for r in rows if UNCLEAR not in (r["forecast_verdict"], r["measured_verdict"])
+             and r["forecast_verdict"] != r["measured_verdict"]]
+    share = (lambda n, d: n / d if d else float("nan"))
     return {"rows": len(rows), "mean_abs_error": float(errs.mean()) if len(errs) else float("nan"),
             "median_abs_error": float(np.median(errs)) if len(errs) else float("nan"),
-            "decided": len(decided), "agree": len(agree), "opposite": len(wrong),
-            "forecast_inconclusive": len(decided) - len(agree) - len(wrong)}
+            "covered": share(sum(r["covered"] for r in rows), len(rows)),
+            "decided": len(decided), "agree": len(agree), "agree_share": share(len(agree), len(decided)),
+            "opposite": len(wrong), "forecast_inconclusive": len(decided) - len(agree) - len(wrong),
+            "refused_outside": refused}
 
 
-def markdown(rows: list[dict], skipped: list[dict], s: dict[str, float]) -> list[str]:
-    lines = ["| lease | run | option | workload | k | c | tokens/step forecast / measured | forecast | measured | "
-             "error | verdicts (forecast / measured) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+GOALS = "goals: within host mean |error| <= 10 %, across hosts <= 15 %, no opposite verdict, >= 80 % inside the " \
+    "interval, >= 80 % of decided levels decided alike"
+
+
+def summary_table(rows: list[dict], skipped: list[dict]) -> list[str]:
+    lines = ["| step costs in | fitted on | levels | mean / median |error| | measured inside the interval | "
+             "decided alike | opposite | refused: host outside the profile |", "|---|---|---|---|---|---|---|---|"]
+    for unit, scope in VARIANTS:
+        mine = [r for r in rows if (r["unit"], r["scope"]) == (unit, scope)]
+        refused = sum(1 for r in skipped if r.get("outside") and (r.get("unit"), r.get("scope")) == (unit, scope))
+        s = summary(mine, refused)
+        lines.append(f"| {'baseline steps' if unit == 'base' else 'ms'} | {scope} | {s['rows']} | "
+                     f"{100 * s['mean_abs_error']:.1f} / {100 * s['median_abs_error']:.1f} % | "
+                     f"{100 * s['covered']:.0f} % | {s['agree']} of {s['decided']} ({100 * s['agree_share']:.0f} %) | "
+                     f"{s['opposite']} | {refused} |")
+    return lines + ["", GOALS]
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    return f"{r['forecast']:.2f} [{r['forecast_low']:.2f}, {r['forecast_high']:.2f}] {100 * r['error']:+.0f} %"
+
+
+def markdown(rows: list[dict], skipped: list[dict]) -> list[str]:
+    """The summary per variant, then one row per run and level: the host-relative forecast from other leases and
+    from the same lease beside the measurement."""
+    lines = [*summary_table(rows, skipped), "",
+             "| lease | run | option | workload | k | c | tokens/step forecast / measured | measured | "
+             "forecast from other leases | forecast within the lease | verdicts (other leases / within / measured) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    keyed = {(r["lease"], r["run"], r["c"], r["unit"], r["scope"]): r for r in rows}
+    seen = []
     for r in rows:
+        if (r["lease"], r["run"], r["c"]) not in seen:
+            seen.append((r["lease"], r["run"], r["c"]))
+    for lease, run, c in seen:
+        across, within = (keyed.get((lease, run, c, "base", scope)) for scope in ("other leases", "same lease"))
+        r = across or within
         mt = r["measured_tokens_per_step"]
-        lines.append(f"| {r['lease']} | {r['run']} | {r['option']} {r['method']} | {r['workload']} | {r['k']} | "
-                     f"{r['c']} | {r['tokens_per_step']:.2f} / {'-' if mt is None else f'{mt:.2f}'} | "
-                     f"{r['forecast']:.2f} [{r['forecast_low']:.2f}, {r['forecast_high']:.2f}] | "
-                     f"{r['measured']:.2f} [{r['measured_low']:.2f}, {r['measured_high']:.2f}] | "
-                     f"{100 * r['error']:+.0f} % | {r['forecast_verdict']} / {r['measured_verdict']} |")
-    lines += ["", f"{s['rows']} levels: mean |error| {100 * s['mean_abs_error']:.1f} %, median "
-              f"{100 * s['median_abs_error']:.1f} %; of {s['decided']} levels the measurement decides, the forecast "
-              f"agrees on {s['agree']}, says the opposite on {s['opposite']}, is inconclusive on "
-              f"{s['forecast_inconclusive']}"]
-    lines += ["", "Not forecast:"] + [f"- {r['lease']} {r['run']} {r['option']} {r['workload']} k={r['k']}: "
-                                      f"{r['reason']}" for r in skipped]
+        lines.append(f"| {lease} | {run} | {r['option']} {r['method']} | {r['workload']} | {r['k']} | {c} | "
+                     f"{r['tokens_per_step']:.2f} / {'-' if mt is None else f'{mt:.2f}'} | "
+                     f"{r['measured']:.2f} [{r['measured_low']:.2f}, {r['measured_high']:.2f}] | {_cell(across)} | "
+                     f"{_cell(within)} | {across['forecast_verdict'] if across else '-'} / "
+                     f"{within['forecast_verdict'] if within else '-'} / {r['measured_verdict']} |")
+    lines += ["", "Not forecast (host-relative step costs):"] + [
+        f"- {r['lease']} {r['run']} {r['option']} {r['workload']} k={r['k']}"
+        f"{' (' + r['scope'] + ')' if 'scope' in r else ''}: {r['reason']}"
+        for r in skipped if r.get("unit", "base") == "base"]
     return lines
 
 
@@ -260,8 +338,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.analysis.speedup.validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--journal", type=Path, default=ROOT / "docs" / "journal")
-    ap.add_argument("--scaled", action="store_true",
-                    help="scale the profile's excess by this baseline's decode step over the profile's")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     ap.add_argument("--write", type=Path, default=None,
                     help="replace the generated part of this markdown file (docs/reference/forecast-validation.md)")
@@ -272,14 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.save_profiles:
         for path in save_all_profiles(found):
             print(f"step-cost profile: {path}")
-    rows, skipped = validation_rows(found, a.scaled)
-    s = summary(rows)
-    table = markdown(rows, skipped, s)
+    rows, skipped = validation_rows(found)
+    table = markdown(rows, skipped)
     print("\n".join(table))
     if a.write:
         write_generated(a.write, table)
     if a.json:
-        a.json.write_text(json.dumps({"summary": s, "rows": rows, "skipped": skipped}, indent=1))
+        a.json.write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=1))
     return 0
 
 
