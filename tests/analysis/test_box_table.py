@@ -1,6 +1,7 @@
 """The box table from ranged terms: every term has a source or a range, the seed's n-gram loss is reproduced under
 every variant the CLI offers (and the first model's assumptions fail the same check), bands contain their points,
-the sensitivity names the terms that decide a verdict, and what nobody measured or bounded is refused."""
+the sensitivity names the terms that keep a verdict open, the host overhead spans every SGLang host measured, the
+compute-bound crossover follows the terms, and what nobody measured or bounded is refused."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,8 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.analysis.speedup import box as bx
+from experiments.analysis.speedup import box_compute as bc
+from experiments.analysis.speedup import box_hosts as bh
 from experiments.analysis.speedup import box_terms as bt
 from experiments.analysis.speedup.box_terms import DRAFTERS, TERMS, BandUnavailable, Term
 from experiments.analysis.speedup.cli import main
@@ -77,11 +80,14 @@ def test_every_band_contains_its_point_and_only_what_was_never_bounded_is_refuse
 
 def test_sensitivity_names_the_terms_that_decide_single_stream_ngram() -> None:
     variant = bx.uniform_variant()
-    b = bx.band(A4, variant, (1, 64))
+    b = bx.band(A4, variant, (1, 2, 64))
     assert b.verdict(1) == "inconclusive" and b.verdict(64) == "does not pay"
-    assert "attn+" in b.settled_by(1) and b.settled_by(64) == []
+    assert b.settled_by(64) == [] and b.kept_open_by(64) == []
+    assert {"moe-", "attn+"} <= set(b.settled_by(2)) and b.kept_open_by(2) == b.settled_by(2)
+    # with the host overhead ranged over every host seen, no single term closes c = 1: pairs keep it open
+    assert b.settled_by(1) == [] and "attn+ & host+" in b.kept_open_by(1)
     flips = bx.sensitivity(A4, variant, (1, 64))
-    assert {"attn", "moe", "accept"} <= set(flips[1]) and flips[64] == []
+    assert {"attn", "moe", "accept", "host"} <= set(flips[1]) and flips[64] == []
 
 
 def test_the_baseline_reproduces_the_measured_single_stream_and_plateau() -> None:
@@ -146,10 +152,60 @@ def test_graph_caps_are_the_box_sites() -> None:
     assert cap("A") == cap("B") == cap("E") == bt.VERIFY_GRAPH_CAP
 
 
+def test_the_host_overhead_ranges_cover_every_sglang_host_measured() -> None:
+    """Every SGLang lease store in the journal has its fits in box_hosts.HOSTS, and the box's fixed overhead terms
+    span exactly what those hosts measured (engine's own: less the EAGLE-3 head's read), in ms."""
+    stores = {p.parent.relative_to(ROOT / "docs/journal").as_posix()
+              for p in (ROOT / "docs/journal").rglob("runs.tar.xz") if "cpu" not in p.parent.name}
+    assert {h.lease for h in bh.HOSTS} == stores and all((ROOT / h.store).exists() for h in bh.HOSTS)
+    for method, name in (("ngram", "ngram_overhead_ms"), ("eagle3", "eagle3_overhead_ms")):
+        term, hosts = TERMS[name], bh.of(method)
+        assert len({h.lease for h in hosts}) >= 6 and term.short == "host"
+        for h in hosts:
+            assert term.low <= h.own_ms[0] <= h.own_ms[1] <= term.high, (name, h.lease, h.option)
+            assert h.share == pytest.approx(h.over_ms / h.decode_ms) and h.lease.split("/")[-1] in term.source
+        assert term.low == pytest.approx(min(h.own_ms[0] for h in hosts), abs=1e-3)
+        assert term.high == pytest.approx(max(h.own_ms[1] for h in hosts), abs=1e-3)
+        assert "unknown" in term.source and "share" in term.source
+    assert TERMS["ngram_overhead_ms"].mid == 2.34   # the Kimi miniature over both leases, as before
+    kimi = [h for h in bh.of("ngram") if h.model == "kimi_k25_mini"]
+    assert min(h.over_ms for h in kimi) <= TERMS["ngram_overhead_ms"].mid <= max(h.over_ms for h in kimi)
+    assert TERMS["vllm_overhead_ms"].high == TERMS["eagle3_overhead_ms"].high   # "mid/high: SGLang's"
+
+
+def test_the_compute_bound_crossover_comes_from_the_terms() -> None:
+    variant = bx.uniform_variant()
+    v, shape = bx.mids(variant), variant.marlin
+    n = bc.crossover_tokens(v, shape)
+    assert bx.flops_ms(v, n) == pytest.approx(bx.weights_ms(v, shape, n, 1.0), rel=1e-6)
+    assert bx.flops_ms(v, n * 0.9) < bx.weights_ms(v, shape, n * 0.9, 1.0)
+    # faster GEMMs move it up, a larger fixed MoE share (less MoE growth with tokens) down
+    tflops = [bc.crossover_tokens(v | {"gemm_tflops": x}, shape) for x in (120.0, 200.0, 300.0)]
+    assert tflops == sorted(tflops) and len(set(tflops)) == 3
+    assert bc.crossover_tokens(v | {"moe_fixed_share": 0.75}, shape) < n
+    # the range is over the terms' ends: pinning gemm_tflops pins that end of it
+    cross = bc.crossover(variant)
+    assert cross.low <= cross.mid <= cross.high and cross.mid == pytest.approx(n)
+    for x in (120.0, 300.0):
+        pinned = bc.crossover(bx.Variant("pinned", variant.marlin, variant.triton, (("gemm_tflops", x),)))
+        assert pinned.mid == pytest.approx(bc.crossover_tokens(v | {"gemm_tflops": x}, shape))
+    assert bc.crossover(bx.Variant("slow", variant.marlin, variant.triton, (("gemm_tflops", 120.0),))).mid < \
+        cross.mid < bc.crossover(bx.Variant("fast", variant.marlin, variant.triton, (("gemm_tflops", 300.0),))).mid
+    # c = 128 x 4 verified tokens: 512 per step, below the mid crossover on SGLang's Marlin, past its low corner
+    assert cross.low < 512 < cross.mid and cross.where(512).startswith("no at mid")
+    assert bc.crossover(variant, "vllm").mid > cross.mid   # vLLM's Triton MoE reads more per token
+
+
 def test_cli_box_prints_the_band_and_sensitivity_tables(capsys) -> None:
     main(["box", "--concurrency", "1", "64"])
     out = capsys.readouterr().out
     assert "## Bands" in out and "## Sensitivity" in out and "| A n-gram, 4 draft tokens |" in out
     assert "Seed check" in out and "reproduces" in out and "not predicted: aq_medai_k25" in out
+    assert "verification turns compute-bound at 1,499 tokens per step (range 321-" in out
+    assert "| A n-gram, 4 draft tokens | 4 | 256: no, at no corner | 512: no at mid, yes at some corners |" in out
+    ngram, h100 = TERMS["ngram_overhead_ms"], next(h for h in bh.HOSTS if h.gpu == "H100")
+    assert "## Host overhead" in out and f"| ngram_overhead_ms | {ngram.low:g} | 2.34 | {ngram.high:g} |" in out
+    assert f"| {h100.lease} | H100 | smollm2_135m | B | {h100.over_ms:.2f} |" in out
+    assert "kept open by" in out and "host+" in out and "keep it open" in out
     with pytest.raises(SystemExit):
         main(["box", "--expert-curve", "a.json", "--moe-kernel", "b.json"])

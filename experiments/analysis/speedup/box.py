@@ -17,7 +17,9 @@ speedup = tau T(c, 1) / T_spec(c, q), tau the tokens per step; decode only (pref
 Band: min / max over every corner of the configuration's ranged terms, acceptance at its low / high end; corners whose
 baseline at c = 128 is more than 5 % slower than the measured plateau contradict it and are dropped. Point: every term
 at its mid. Sensitivity: each ranged term at its low and high end, the others at mid: the terms that flip the point's
-verdict. CLI: `python -m experiments.analysis.speedup.cli box` (experiments/analysis/speedup/box_report.py prints).
+verdict; where a band straddles 1, the terms (or pairs) that keep it open (Band.kept_open_by). Where the max() turns
+to the flops: experiments/analysis/speedup/box_compute.py. The engine's overhead ranges over the hosts seen:
+box_hosts.py. CLI: `python -m experiments.analysis.speedup.cli box` (experiments/analysis/speedup/box_report.py).
 """
 from __future__ import annotations
 
@@ -179,13 +181,21 @@ def comm_ms_per_token(bus_gbps: float) -> float:
     return (ring + gather) / (bus_gbps * 1e9) * 1e3
 
 
+def weights_ms(v: dict[str, float], shape: MoeShape, n: float, moe_scale: float) -> float:
+    """The dense and MoE part of a step over n tokens while memory-bound: the weights read, MoE grown by g(n)."""
+    return bt.SHARES["dense"] * T1 + bt.SHARES["moe"] * T1 * moe_scale * shape.growth(n, v["moe_fixed_share"])
+
+
+def flops_ms(v: dict[str, float], n: float) -> float:
+    """The same GEMMs' arithmetic over n tokens: 2 x the active parameters per token over 8 GPUs' throughput."""
+    return 2.0 * bt.ACTIVE_PARAMS / (bt.GPUS * v["gemm_tflops"] * 1e12) * 1e3 * n
+
+
 def target_ms(v: dict[str, float], shape: MoeShape, c: float, q: float, gamma: float, moe_scale: float) -> float:
     n = c * q
     allreduce = bt.SHARES["allreduce"] * T1 + comm_ms_per_token(v["bus_gbps"]) * (n - 1.0)
     attention = bt.SHARES["attention"] * T1 * (1.0 + gamma * (c - 1.0)) * (1.0 + v["attn_verify_growth"] * (q - 1.0))
-    moe = bt.SHARES["moe"] * T1 * moe_scale * shape.growth(n, v["moe_fixed_share"])
-    flops_ms = 2.0 * bt.ACTIVE_PARAMS / (bt.GPUS * v["gemm_tflops"] * 1e12) * 1e3 * n
-    return allreduce + attention + max(bt.SHARES["dense"] * T1 + moe, flops_ms) + REST * T1
+    return allreduce + attention + max(weights_ms(v, shape, n, moe_scale), flops_ms(v, n)) + REST * T1
 
 
 def calibrate(v: dict[str, float], shape: MoeShape) -> tuple[float, bool]:
@@ -268,6 +278,26 @@ class Band:
         for tau, sign in ((self.accept[0], "-"), (self.accept[2], "+")):
             if _verdict(tau * min(self.samples[c]), tau * max(self.samples[c])) != "inconclusive":
                 out.append("accept" + sign)
+        return out
+
+    def kept_open_by(self, c: int) -> list[str]:
+        """Where the band straddles 1: the terms whose range keeps it open -- settled_by, or where no single term
+        settles it, the pairs (`a- & b+`) that pinned together at those ends, the rest over their ranges, do."""
+        single = self.settled_by(c)
+        if single or self.verdict(c) != "inconclusive":
+            return single
+        pins = [(f"{n}{sign}", [e[n] == end for e in self.corners], (self.accept[0], self.accept[2]))
+                for n in self.corners[0] for end, sign in (("low", "-"), ("high", "+"))]
+        pins += [(f"accept{sign}", [True] * len(self.corners), (tau, tau))
+                 for tau, sign in ((self.accept[0], "-"), (self.accept[2], "+"))]
+        out = []
+        for (a, mask_a, tau_a), (b, mask_b, tau_b) in itertools.combinations(pins, 2):
+            values = [s for s, x, y in zip(self.samples[c], mask_a, mask_b, strict=True) if x and y]
+            if a.rstrip("+-") == b.rstrip("+-") or not values:
+                continue
+            lo, hi = max(tau_a[0], tau_b[0]), min(tau_a[1], tau_b[1])
+            if _verdict(lo * min(values), hi * max(values)) != "inconclusive":
+                out.append(f"{a} & {b}")
         return out
 
 

@@ -2,7 +2,8 @@
 with its source and, where the box never measured it, a low / mid / high range; the drafters' acceptance as ranges.
 The step model that uses them: experiments/analysis/speedup/box.py.
 
-A term without a source, or without a range where it is not a single measured figure, is refused (`Term`).
+A term without a source, or without a range where it is not a single measured figure, is refused (`Term`). The
+engine's fixed overhead per speculative step ranges over every SGLang host measured (box_hosts.HOSTS).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from experiments.analysis.box_memory import Eagle3Head, drafter_groups
+from experiments.analysis.speedup import box_hosts
 from experiments.analysis.speedup.model import accept_length_for_rate
 
 LEASE3 = "docs/journal/2026-12-02-h200/kimi_lease3/model_error_table.md"
@@ -76,8 +78,26 @@ def _h200_draft_ms(tbps: float, steps: int = 3) -> float:
 
 
 _H200_EFF = (3.3, 3.8, 4.3)   # TB/s a one-layer head and its LM head stream on the H200 (69-90 % of 4.8)
-_EAGLE_FIT = (3.53, 3.84, 4.15)   # B's and E's fitted EAGLE-3 overhead on the miniature, ms (LEASE3)
+_EAGLE_FIT = (3.53, 3.84, 4.15)   # E's and B's fitted EAGLE-3 overhead on the miniature, ms (LEASE3; box_hosts)
 _EAGLE_OWN = tuple(fit - _h200_draft_ms(bw) for fit, bw in zip(_EAGLE_FIT, _H200_EFF, strict=True))
+_NGRAM_MID = 2.34   # the miniature's NGRAM fit over both its leases: median of five leave-one-out fits (LEASE3)
+_NGRAM_HOSTS, _EAGLE_HOSTS = box_hosts.overhead_range("ngram"), box_hosts.overhead_range("eagle3")
+_ACROSS_HOSTS = ("; range: lowest to highest over the hosts seen (box_hosts.HOSTS: per-lease fits in ms, graphs "
+                 "regime, from the journal's SGLang lease stores docs/journal/*/runs.tar.xz), not a bound: the box's "
+                 "own CPU, and TP 8's eight ranks, never ran it, so its absolute ms there are unknown. Carried as ms, "
+                 "not as a share of the step: the cost is the host's (scheduling and drafting exposed once "
+                 "speculation turns off the overlap scheduler), and across the hosts it does not follow their 1.1-1.8 "
+                 f"ms decode steps (correlation {box_hosts.correlation('ngram'):.2f} n-gram, "
+                 f"{box_hosts.correlation('eagle3'):.2f} EAGLE-3; h200b's slowest step has the smallest n-gram cost); "
+                 "as shares the box's 12.1 ms step would carry ")
+
+
+def _as_share(method: str) -> str:
+    """What the hosts' engine-own costs, as shares of their decode step, would be on the box's single stream."""
+    shares = [h.own_ms[0] / h.decode_ms for h in box_hosts.of(method)]
+    t1 = 1000.0 / SINGLE_STREAM_TOK_S
+    return f"{min(shares) * t1:.1f}-{max(shares) * t1:.1f} ms ({min(shares):.2f}-{max(shares):.2f} x its {t1:.1f} ms)"
+
 
 TERMS: dict[str, Term] = {t.name: t for t in (
     Term("bus_gbps", "GB/s", 20.0, 25.0, 41.0, short="bus",
@@ -96,20 +116,31 @@ TERMS: dict[str, Term] = {t.name: t for t in (
     Term("gemm_tflops", "TFLOPS per GPU", 120.0, 200.0, 300.0, short="flops",
          source="W4A16 GEMMs' effective throughput on SM120; RTX PRO 6000: ~500 TFLOPS dense BF16 (4,000 AI TOPS "
                 "FP4 sparse / 8); mid: the profile's 200; ends: 25-60 % of it (assumption)"),
-    Term("ngram_overhead_ms", "ms per step", 2.05, 2.34, 2.59, short="ovh",
-         source=f"SGLang NGRAM's fixed cost per speculative step, the Kimi miniature on the H200 (SGLang 0.5.14): "
-                f"five leave-one-out probe fits over both leases, 2.05-2.59 ms, median 2.34 ({LEASE3})"),
+    Term("ngram_overhead_ms", "ms per step", _NGRAM_HOSTS[0], _NGRAM_MID, _NGRAM_HOSTS[1], short="host",
+         source="SGLang NGRAM's fixed cost per speculative step (0.5.14), every SGLang host's own fit: "
+                f"{box_hosts.values('ngram')} ms ({box_hosts.counts('ngram')}; the H100 lease ran no n-gram); mid: the "
+                f"Kimi miniature over both its leases, {_NGRAM_MID} ({LEASE3}), the box's architecture, vocabulary and "
+                f"flags" + _ACROSS_HOSTS + _as_share("ngram")),
     Term("ngram_overhead_seq_ms", "ms per sequence", 0.210, 0.224, 0.242, short="ovh/seq",
-         source=f"the same fits' cost per sequence in the batch, 0.210-0.242 ms ({LEASE3})"),
-    Term("eagle3_overhead_ms", "ms per step", round(_EAGLE_OWN[0], 3), round(_EAGLE_OWN[1], 3),
-         round(_EAGLE_OWN[2], 3), short="ovh",
-         source=f"SGLang EAGLE-3 fitted on the miniature at 3.53 (B) and 4.15 (E) ms ({LEASE3}), less what its "
-                "random full-vocabulary head read there (3 forwards, 11.4 GB at 3.3-4.3 TB/s); the box's draft is "
-                "priced from its own weights read"),
+         source=f"the Kimi miniature's fits' cost per sequence in the batch, 0.210-0.242 ms ({LEASE3}); the "
+                "SmolLM2 hosts' own fits ({:.2f}-{:.2f} ms, box_hosts) are not carried: c <= 16 there"
+                .format(*box_hosts.seq_range("ngram", "smollm2_135m"))),
+    Term("eagle3_overhead_ms", "ms per step", round(_EAGLE_HOSTS[0], 3), round(_EAGLE_OWN[1], 3),
+         round(_EAGLE_HOSTS[1], 3), short="host",
+         source="SGLang EAGLE-3's own fixed cost per speculative step, every SGLang host's fit less what its head "
+                f"read there: {box_hosts.values('eagle3')} ms ({box_hosts.counts('eagle3')}). The Kimi miniature's "
+                f"B 4.18 and E 3.56 ms (box_hosts; {LEASE3}: 4.15 and 3.53, each printed as the other's "
+                "leave-one-out input) held "
+                "its random full-vocabulary head's read (3 forwards, 11.4 GB at 3.3-4.3 TB/s: 2.65-3.46 ms); "
+                "SmolLM2's head reads < 0.03 ms. The box's draft is priced from its own weights read. Mid: the "
+                "miniature's, B and E averaged (3.84 less 3.00 at "
+                "3.8 TB/s); range: lowest to highest over the hosts seen, carried as ms as ngram_overhead_ms (the "
+                "box's own ms unknown); as shares the box's step would carry " + _as_share("eagle3")),
     Term("eagle3_overhead_seq_ms", "ms per sequence", 0.083, 0.108, 0.134, short="ovh/seq",
-         source=f"the same fits per sequence: 0.083-0.094 (B), 0.123-0.134 (E) ms, lease 3 alone and both leases "
-                f"({LEASE3})"),
-    Term("vllm_overhead_ms", "ms per step", 0.0, round(_EAGLE_OWN[1], 3), round(_EAGLE_OWN[2], 3), short="ovh",
+         source=f"the miniature's same fits per sequence: 0.083-0.094 (E), 0.123-0.134 (B) ms, lease 3 alone and "
+                f"both leases ({LEASE3}); the SmolLM2 hosts' (" + "{:.2f}-{:.2f} ms, box_hosts: verification's "
+                "growth folded in) are not carried".format(*box_hosts.seq_range("eagle3", "smollm2_135m"))),
+    Term("vllm_overhead_ms", "ms per step", 0.0, round(_EAGLE_OWN[1], 3), round(_EAGLE_HOSTS[1], 3), short="host",
          source="vLLM 0.32's own cost per EAGLE-3 step on Kimi: never measured; low 0 (async scheduling, on for "
                 "EAGLE in vLLM 0.32, hides it), mid/high: SGLang's"),
     Term("vllm_overhead_seq_ms", "ms per sequence", 0.0, 0.108, 0.134, short="ovh/seq",
