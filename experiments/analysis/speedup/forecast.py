@@ -22,7 +22,6 @@ import numpy as np
 from experiments.analysis.runs import RunConfig
 from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
 from experiments.analysis.speedup.stepcost import (
-    HOST_TOLERANCE,
     MIN_GAPS,
     StepCostProfile,
     steady_step_ms,
@@ -156,7 +155,7 @@ def _ttft_ratio(profile: StepCostProfile, option: RunConfig, c: int) -> float:
 
 def _residual(profile: StepCostProfile, option: RunConfig, c: int) -> float:
     regime = profile.regime(c, option.graph_batch_limit)[1] or next(iter(profile.regimes.values()))
-    return regime.residual_rel
+    return max(regime.residual_rel, regime.host_residual_rel)
 
 
 def baseline_step_ms(rows: list[dict]) -> float | None:
@@ -166,25 +165,11 @@ def baseline_step_ms(rows: list[dict]) -> float | None:
     return steady_step_ms(np.asarray(gaps)) if len(gaps) >= MIN_GAPS else None
 
 
-def host_outside(profile: StepCostProfile, option: RunConfig, c: int, step_ms: float | None) -> str:
-    """Why this baseline's host lies outside every host the profile saw ('' when inside, or unknown)."""
-    regime = profile.regime(c, option.graph_batch_limit)[1]
-    fitted = regime.decode_ms(c) if regime is not None else None
-    if not fitted or step_ms is None or regime.host_range is None:
-        return ""
-    lo, hi = regime.host_range
-    ratio = step_ms / fitted
-    if lo / HOST_TOLERANCE <= ratio <= hi * HOST_TOLERANCE:
-        return ""
-    return (f"host outside the profile: this baseline's decode step at c={c} is {step_ms:.1f} ms, "
-            f"{ratio:.2f}x the profile's fitted {fitted:.1f} ms, where the hosts it was fitted on ran "
-            f"{lo:.2f}-{hi:.2f}x; {PROBE_HINT}")
-
-
 def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: list[RequestSteps],
              option: RunConfig, profile: StepCostProfile, check_host: bool = True) -> Forecast:
     """Per level (and category) of the baseline: the option's predicted speedup with an interval. Raises
-    HostOutsideProfile (`check_host`) where the baseline's host lies outside the profile's."""
+    HostOutsideProfile (`check_host`) where the baseline's host lies outside every host the profile was fitted on;
+    where only some hosts are near this one, their step costs alone are used (the note says which)."""
     rows = finished(base_records)
     if len(rows) != len(steps):
         raise ForecastUnavailable(f"{len(steps)} offline estimates for {len(rows)} baseline requests")
@@ -194,17 +179,20 @@ def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: li
         by_level.setdefault(int(r.get("concurrency") or 1), []).append(i)
     for c, idx in sorted(by_level.items()):
         step_ms = baseline_step_ms([rows[i] for i in idx])
-        outside = host_outside(profile, option, c, step_ms) if check_host else ""
-        if outside:
-            raise HostOutsideProfile(outside)
+        level_profile, note = (profile.nearest_hosts(c, step_ms, option.graph_batch_limit)
+                               if check_host and step_ms is not None else (profile, ""))
+        if level_profile is None:
+            raise HostOutsideProfile(f"{note}; {PROBE_HINT}")
+        if note:
+            out.notes.append(note)
         groups: dict[str, list[int]] = {}
         for i in idx:
             groups.setdefault(str(rows[i].get("category") or "?"), []).append(i)
         groups = {"all": list(idx)} | ({} if len(groups) == 1 else {f"category {k}" if k == "all" else k: v
                                                                      for k, v in groups.items()})
         for cat, members in groups.items():
-            f = forecast_group([rows[i] for i in members], [steps[i] for i in members], option, profile, c, cat,
-                               step_ms)
+            f = forecast_group([rows[i] for i in members], [steps[i] for i in members], option, level_profile, c,
+                               cat, step_ms)
             if cat == "all":
                 f.baseline_tok_s = base_metrics.get(f"output_tok_s_c{c}")
             out.levels.append(f)

@@ -118,6 +118,8 @@ def verified_at(config: RunConfig, metrics: dict[str, float], c: int) -> float |
 def run_level_steps(client, run, lease: str = "") -> list[LevelStep]:
     """Step time per level of one finished run from its records' chunk intervals."""
     config = run_config(run)
+    if config.arrival != "closed":
+        return []   # open-loop arrivals: a level's batch is not its concurrency cap
     gaps: dict[int, list[float]] = {}
     ttfts: dict[int, list[float]] = {}
     for r in run_records(client, run.info.run_id) or []:
@@ -169,6 +171,7 @@ class RegimeCost:
     host_range: list[float] | None = None   # measured baseline step / fitted decode(c), lowest and highest seen
     unseparated: list[str] = field(default_factory=list)   # terms the runs could not tell apart (set from others)
     ttft_ratio: dict[str, float] = field(default_factory=dict)   # per method: its TTFT over the paired baseline's
+    host_residual_rel: float = 0.0   # the same RMS on each host under terms fitted on the others (a host never seen)
 
     def decode_ms(self, c: float) -> float | None:
         if self.decode_a_ms is None:
@@ -316,6 +319,44 @@ class StepCostProfile:
         name = regime_of(c, self.graph_cap if cap is None else cap)
         return name, self.regimes.get(name)
 
+    def unit(self) -> str:
+        return next(iter(self.regimes.values())).unit if self.regimes else "base"
+
+    def hosts_at(self, c: int, cap: int | None = None) -> dict[str, float]:
+        """Each host (lease) the profile was fitted on -> its baseline's decode step at level c (ms), from its own
+        baseline runs in the level's regime."""
+        regime = self.regime(c, cap)[1]
+        by_lease: dict[str, list[tuple[int, float]]] = {}
+        for p in (regime.points if regime is not None else []):
+            if p["method"] == "none":
+                by_lease.setdefault(p.get("lease") or "", []).append((p["c"], p["step_ms"]))
+        out = {}
+        for lease, pts in by_lease.items():
+            cs, ts = np.array([x for x, _ in pts], float), np.array([t for _, t in pts])
+            if c in cs:
+                out[lease] = float(ts[cs == c].mean())
+                continue
+            a, b = (float(ts.mean()), 0.0) if len(set(cs)) == 1 else tuple(np.polyfit(cs, ts, 1)[::-1])
+            out[lease] = max(a + b * c, 1e-9)
+        return out
+
+    def nearest_hosts(self, c: int, step_ms: float, cap: int | None = None) -> tuple[StepCostProfile | None, str]:
+        """The profile refitted on the hosts whose baseline ran within HOST_TOLERANCE of `step_ms` at level c (itself
+        where every host did, or where the hosts are unknown), and a note; None with the reason where none did."""
+        hosts = self.hosts_at(c, cap)
+        if not hosts:
+            return self, ""
+        near = {h for h, ms in hosts.items() if 1 / HOST_TOLERANCE <= step_ms / ms <= HOST_TOLERANCE}
+        seen = ", ".join(f"{h or 'unnamed'} {ms:.1f} ms" for h, ms in sorted(hosts.items(), key=lambda kv: kv[1]))
+        if not near:
+            return None, (f"host outside the profile: this baseline's decode step at c={c} is {step_ms:.1f} ms; the "
+                          f"hosts the profile was fitted on ran {seen} (within {HOST_TOLERANCE}x counts)")
+        if near == set(hosts):
+            return self, ""
+        points = [LevelStep(**p) for r in self.regimes.values() for p in r.points if (p.get("lease") or "") in near]
+        refit = fit_profile(self.key, points, self.graph_cap, self.note, self.unit())
+        return refit, f"c={c}: step costs of the hosts nearest this one ({', '.join(sorted(near))}; of {seen})"
+
     def to_json(self) -> dict:
         return {"key": asdict(self.key), "graph_cap": self.graph_cap, "runs": self.runs, "leases": self.leases,
                 "note": self.note, "regimes": {n: asdict(r) for n, r in self.regimes.items()}}
@@ -338,6 +379,22 @@ class StepCostProfile:
         return "; ".join(parts)
 
 
+def _host_residual(points: list[LevelStep], unit: str) -> float:
+    """RMS relative error of the speculative steps of each host (lease) under terms fitted on the other hosts: what
+    the terms miss on a host they never saw (0 with fewer than two hosts)."""
+    leases = {p.lease for p in points}
+    if len(leases) < 2:
+        return 0.0
+    errs = []
+    for lease in leases:
+        cost = fit_regime([p for p in points if p.lease != lease], unit)
+        for p in points:
+            fit = cost.excess(p.method, p.c, p.q, p.draft_steps) if p.lease == lease else None
+            if fit is not None and p.method != "none" and p.base_step_ms is not None:
+                errs.append((p.base_step_ms + fit * _unit_of(p, unit) - p.step_ms) / p.step_ms)
+    return float(np.sqrt(np.mean(np.square(errs)))) if errs else 0.0
+
+
 def fit_profile(key: ProfileKey, steps: list[LevelStep], graph_cap: int | None, note: str = "",
                 unit: str = "base") -> StepCostProfile:
     regimes = {}
@@ -345,6 +402,7 @@ def fit_profile(key: ProfileKey, steps: list[LevelStep], graph_cap: int | None, 
         pts = [s for s in steps if s.regime == name]
         if pts:
             regimes[name] = fit_regime(pts, unit)
+            regimes[name].host_residual_rel = _host_residual(pts, unit)
     return StepCostProfile(key, graph_cap, regimes, sorted({s.run_id for s in steps}),
                            sorted({s.lease for s in steps if s.lease}), note)
 

@@ -177,6 +177,8 @@ class RunInputs:
 
 def run_inputs(lease: Lease, run, by_id: dict) -> RunInputs:
     config = run_config(run)
+    if config.arrival != "closed":
+        raise ForecastUnavailable("open-loop arrivals: the forecast models closed-loop levels")
     base = by_id.get(config.baseline_run_id or "")
     if base is None:
         raise ForecastUnavailable("its paired baseline is not in the lease's store")
