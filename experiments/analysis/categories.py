@@ -114,6 +114,18 @@ def category_rows(option_records: list[dict], baseline_records: list[dict] | Non
     return [_row(cat, c, opt[(cat, c)], base.get((cat, c), []), acc) for cat, c in keys]
 
 
+def distinct_rows(rows: list[dict]) -> list[dict]:
+    """`category_rows` as a reader needs them: a level whose requests all fall in one category gets its "all" row
+    only (that category's row would repeat it)."""
+    cats: dict[int, set[str]] = defaultdict(set)
+    every = {r["concurrency"]: r["requests"] for r in rows if r["category"] == ALL}
+    for r in rows:
+        if r["category"] != ALL:
+            cats[r["concurrency"]].add(r["category"])
+    return [r for r in rows if r["category"] == ALL or len(cats[r["concurrency"]]) > 1
+            or r["requests"] != every.get(r["concurrency"])]
+
+
 def metric_name(category: str) -> str:
     """A category as MLflow allows it in a metric name (letters, digits, _ - . space /)."""
     return re.sub(r"[^\w.\- ]", "_", category) or "_"
@@ -152,18 +164,8 @@ def accept_length_hist(option_records: list[dict], acc: Acceptor) -> dict[str, A
 
 
 def hist_figure(hist: dict[str, Any]):
-    from experiments.tracking.plots import plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    edges = hist["bin_edges"]
-    for c, v in hist["values"].items():
-        ax.hist(v, bins=edges, histtype="step", lw=1.5, label=f"c={c} ({len(v)} requests)")
-    ax.set_xlabel("accept length per request (tokens per verification step)")
-    ax.set_ylabel("requests")
-    ax.set_title("Accept-length distribution")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    from experiments.tracking.plots import accept_length_histogram
+    return accept_length_histogram(hist)
 
 
 def log_category_results(client: Any, run_id: str, option_records: list[dict], baseline_records: list[dict] | None,

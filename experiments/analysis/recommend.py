@@ -5,10 +5,12 @@ decided on the lower end of the paired speedup interval with the latency targets
 for SGLang and vLLM from the engine adapters, and what one deployment does across the range
 (experiments/analysis/recommend_flags.py). How it decides and what the engines offer: docs/reference/recommend.md.
 
-`python -m experiments.analysis.recommend --experiment <experiment name | parent run id> [--tracking-uri URI]`
+`python -m experiments.analysis.recommend <experiment name | parent run id> [--tracking-uri URI]` (or
+`--experiment <experiment name | parent run id>`, as `report` takes it too)
 
-Writes recommendation.json and .md, logs both (and SGLang's adaptive config where a schedule needs it) to the
-parent run, else to the experiment's latest report run, else to a new report run; prints the table.
+Writes recommendation.json and .md (saying "replaced <path>" where one was there before), logs both (and SGLang's
+adaptive config where a schedule needs it) to the parent run, else to the experiment's latest report run, else to a
+new report run; prints the table.
 """
 from __future__ import annotations
 
@@ -167,16 +169,17 @@ def write(recs: list[Recommendation], out: Path, stem: str, title: str) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.analysis.report_runs import iso, since_ms
+    from experiments.analysis.report_runs import add_target, iso, since_ms, target_of
     from experiments.analysis.speedup.probe import client_for
     from experiments.config.paths import ROOT
     from experiments.tracking.lifecycle import tracked_run
     ap = argparse.ArgumentParser(prog="python -m experiments.analysis.recommend", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--experiment", required=True, help="experiment name or parent (sweep) run id")
+    add_target(ap)
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}", help="or offline://DIR")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")
     ap.add_argument("--since", type=since_ms, default=None, metavar="ISO-TIME", help="only runs started since then")
     args = ap.parse_args(argv)
+    args.experiment = target_of(ap, args)
     client = client_for(args.tracking_uri)   # offline://DIR: the H200 host's store, no MLflow there
     try:
         options, all_runs, exp_id, parent = select_runs(client, args.experiment, args.since)
@@ -189,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
             rec.excluded[f"{label} (forecast only)"] = line
     stem = args.experiment.replace("/", "_").replace("@", "_")
     title = f"Recommendation: {args.experiment}" + ("" if args.since is None else f", runs since {iso(args.since)}")
+    before = {p for p in (args.out / f"recommendation-{stem}.json", args.out / f"recommendation-{stem}.md")
+              if p.exists()}
     json_path, md_path = write(recs, args.out, stem, title)
+    for path in sorted(before):
+        print(f"replaced {path}", file=sys.stderr)
     run_id, new_name = _log_to(client, exp_id, parent, stem)
     if run_id is not None:
         log_recommendation(client, run_id, recs, json_path, md_path)

@@ -15,13 +15,15 @@ from typing import Any
 
 from experiments.analysis.runs import RunConfig
 from experiments.analysis.stats import Interval, paired_speedup, prompts_to_decide
+from experiments.analysis.words import option_words
 
 NO_SPECULATION = "no speculation"
 DECIDED, INCONCLUSIVE = "decided", "inconclusive"
 
 
 def choice_label(config: RunConfig) -> str:
-    """A configuration as it is deployed: its option and draft setting ("A k=4", "B steps=3")."""
+    """A configuration's key as it is deployed: its option and draft setting ("A k=4", "B steps=3"); what a reader
+    sees is its words (Candidate.words, experiments.analysis.words)."""
     spec = config.spec
     detail = {"ngram": f"k={spec.num_draft_tokens}",
               "eagle3": f"steps={spec.num_steps}" + (f" topk={spec.topk}" if (spec.topk or 1) != 1 else "")}
@@ -62,8 +64,14 @@ class Candidate:
     def breaks(self) -> list[str]:
         return list(self.slo["breaks"]) if self.slo else []
 
+    @property
+    def words(self) -> str:
+        """The configuration in words ("A: n-gram, 4 draft tokens")."""
+        return option_words(self.option, self.spec, self.engine)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "config": self.config, "option": self.option, "engine": self.engine,
+        return {"label": self.label, "words": self.words, "config": self.config, "option": self.option,
+                "engine": self.engine,
                 "speedup": self.speedup.as_dict(), "breaks_slo": self.breaks, "runs": self.runs,
                 "goodput_ratio": (self.slo or {}).get("goodput_ratio"), "slo": self.slo}
 
@@ -79,10 +87,15 @@ class Decision:
     further_prompts: int | None = None                 # about how many more prompts would decide it
     candidates: list[Candidate] = field(default_factory=list)
 
+    def words(self, label: str) -> str:
+        """A candidate's label (or NO_SPECULATION) in words."""
+        return next((c.words for c in self.candidates if c.label == label), label)
+
     def as_dict(self) -> dict[str, Any]:
         return {"load": self.load.label, "arrival": self.load.arrival, "rate": self.load.rate,
-                "concurrency": self.load.concurrency, "choice": self.choice, "status": self.status,
-                "reason": self.reason, "speedup": self.speedup.as_dict() if self.speedup else None,
+                "concurrency": self.load.concurrency, "choice": self.choice, "choice_words": self.words(self.choice),
+                "versus_words": [self.words(v) for v in self.versus], "status": self.status, "reason": self.reason,
+                "speedup": self.speedup.as_dict() if self.speedup else None,
                 "versus": self.versus, "further_prompts": self.further_prompts,
                 "candidates": [c.as_dict() for c in self.candidates]}
 
@@ -114,9 +127,10 @@ def _paying(load: Load, best: Candidate, rivals: list[Candidate], cands: list[Ca
         why = f"pays: {iv.estimate:.2f}x [{iv.low:.2f}, {iv.high:.2f}]"
         return Decision(load, best.label, DECIDED, why + (", above every other candidate" if rivals else ""),
                         iv, candidates=cands)
+    named = {c.label: c.words for c in cands}
     return Decision(load, best.label, INCONCLUSIVE,
                     f"pays ({iv.estimate:.2f}x [{iv.low:.2f}, {iv.high:.2f}]) but is not separated from "
-                    + ", ".join(close), iv, close, _most([apart[c][1] for c in close]), cands)
+                    + "; ".join(named[c] for c in close), iv, close, _most([apart[c][1] for c in close]), cands)
 
 
 def _not_paying(load: Load, eligible: list[Candidate], cands: list[Candidate]) -> Decision:
@@ -126,7 +140,7 @@ def _not_paying(load: Load, eligible: list[Candidate], cands: list[Candidate]) -
     top = max(open_, key=lambda c: c.speedup.estimate)
     iv = top.speedup
     return Decision(load, NO_SPECULATION, INCONCLUSIVE,
-                    f"nothing shown to pay; {top.label} {iv.estimate:.2f}x [{iv.low:.2f}, {iv.high:.2f}] straddles 1",
+                    f"nothing shown to pay; {top.words} ({iv.estimate:.2f}x [{iv.low:.2f}, {iv.high:.2f}]) straddles 1",
                     None, [c.label for c in open_], _most([_further(c.speedup) for c in open_]), cands)
 
 
@@ -134,7 +148,7 @@ def decide(load: Load, candidates: list[Candidate]) -> Decision:
     """The choice at `load` among `candidates` (see the module's docstring)."""
     eligible = [c for c in candidates if not c.breaks]
     if not eligible:
-        broken = "; ".join(f"{c.label} ({', '.join(c.breaks)})" for c in candidates) or "no candidate measured"
+        broken = "; ".join(f"{c.words} ({', '.join(c.breaks)})" for c in candidates) or "no candidate measured"
         return Decision(load, NO_SPECULATION, DECIDED, f"every option breaks a target the baseline meets: {broken}",
                         candidates=candidates)
     best = max(eligible, key=lambda c: (c.speedup.low, c.speedup.estimate))
@@ -150,14 +164,17 @@ class Range:
 
     @property
     def text(self) -> str:
+        """The range in words: "A: n-gram, 4 draft tokens at c = 1–4", "inconclusive at c = 4 (no speculation vs
+        C: EAGLE-3, 3 steps; ~6 more prompts)"."""
         first, last = self.decisions[0].load, self.decisions[-1].load
-        where = first.label if first == last else f"c {first.concurrency}–{last.concurrency}"
+        where = (f"at c = {first.concurrency}" if first == last else f"at c = {first.concurrency}–{last.concurrency}"
+                 ) if first.closed else f"under {first.label}"
         d = self.decisions[0]
         if d.status == DECIDED:
-            return f"{where}: {d.choice}"
+            return f"{d.words(d.choice)} {where}"
         further = max((x.further_prompts for x in self.decisions if x.further_prompts is not None), default=None)
         more = f"; ~{further} more prompts" if further is not None else "; more prompts"
-        return f"{where}: inconclusive ({d.choice} vs {', '.join(d.versus)}{more})"
+        return f"inconclusive {where} ({d.words(d.choice)} vs {'; '.join(map(d.words, d.versus))}{more})"
 
     def as_dict(self) -> dict[str, Any]:
         d = self.decisions[0]

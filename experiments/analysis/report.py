@@ -4,6 +4,7 @@ error against the measurement, the post-hoc speedup model (evaluated with the ru
 measurement, a verdict per option, per-category rows, and a contamination flag per run.
 
 `python -m experiments.analysis.report <experiment name | parent run id> [--tracking-uri URI] [--out DIR]`
+(or `--experiment <experiment name | parent run id>`, as `recommend` takes it)
 
 Speedup and interval: (Σ output tokens / Σ request e2e seconds) of the option over its baseline's, on the
 prompts both served, with a paired bootstrap over those prompts (experiments.analysis.stats). A configuration
@@ -28,20 +29,21 @@ import io
 import json
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from experiments.analysis.categories import ALL, category_rows
+from experiments.analysis.categories import ALL, category_rows, distinct_rows
 from experiments.analysis.report_figure import figure
 from experiments.analysis.report_html import page
 from experiments.analysis.report_runs import (
     CONTAMINATED,
     Records,
     ReportInputError,
+    add_target,
     config_key,
     contamination_of,
     iso,
@@ -50,11 +52,13 @@ from experiments.analysis.report_runs import (
     run_acceptor,
     select_runs,
     since_ms,
+    target_of,
 )
 from experiments.analysis.runs import run_config
 from experiments.analysis.slo import BREAKS_SLO, level_verdict, slo_levels
 from experiments.analysis.speedup.fit import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
 from experiments.analysis.speedup.model import PredictionUnavailable, levels_of, predict_run
+from experiments.analysis.words import few_prompts, levels_words
 from experiments.tracking.lifecycle import tracked_run
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -121,12 +125,12 @@ def _disagreements(points: dict[int, Point]) -> list[str]:
             f"measured {p.speedup:.2f}x {p.throughput_verdict})" for c, p in sorted(points.items())
             if p.forecast_verdict is not None and p.forecast_verdict != p.throughput_verdict]
     if told:
-        parts.append(f"forecast disagrees at c={', '.join(told)}")
+        parts.append(f"forecast disagrees at {levels_words(told)}")
     # a measurement the model cannot explain is a cue to look at the pairing (a baseline measured on a busy
     # machine) before trusting the verdict
     odd = [f"{c} ({p.predicted:.2f}x)" for c, p in sorted(points.items()) if _model_odd(p)]
     if odd:
-        parts.append(f"post-hoc model disagrees at c={', '.join(odd)}: check the baseline pairing")
+        parts.append(f"post-hoc model disagrees at {levels_words(odd)}: check the baseline pairing")
     return parts
 
 
@@ -143,18 +147,35 @@ class OptionSeries:
     def contaminated(self) -> bool:
         return any(tag.startswith("contaminated") for tag in self.contamination.values())
 
-    def verdict(self) -> str:
+    def _levels(self) -> dict[str, list[int]]:
         levels: dict[str, list[int]] = defaultdict(list)
         for c, p in sorted(self.points.items()):
             levels[p.verdict].append(c)
-        parts = [f"{v} at c={','.join(map(str, levels[v]))}"
-                 for v in ("pays", "does not pay", BREAKS_SLO, "inconclusive") if levels[v]]
-        parts += _disagreements(self.points)
+        return levels
+
+    def decision(self) -> str:
+        """In one word or three: pays, does not pay, depends (on the load), inconclusive, or contaminated."""
         if self.contaminated:
-            return f"{CONTAMINATED}: measured " + "; ".join(parts)
+            return CONTAMINATED
+        levels = self._levels()
         pays, loses = bool(levels["pays"]), bool(levels["does not pay"] or levels[BREAKS_SLO])
-        head = "pays" if pays and not loses else "does not pay" if loses and not pays else "depends"
-        return f"{head}: " + "; ".join(parts)
+        return ("depends" if pays and loses else "pays" if pays else "does not pay" if loses else "inconclusive")
+
+    def verdict(self) -> str:
+        """The verdict in words: "pays at c = 1 and 4", "depends: pays at c = 4; does not pay at c = 1", with the
+        levels where the forecast or the post-hoc model disagrees."""
+        levels = self._levels()
+        parts = [f"{v} at {levels_words(levels[v])}"
+                 for v in ("pays", "does not pay", BREAKS_SLO, "inconclusive") if levels[v]]
+        text = "; ".join(parts + _disagreements(self.points))
+        if self.contaminated:
+            return f"{CONTAMINATED}: measured {text}"
+        return f"depends: {text}" if self.decision() == "depends" else text
+
+    def warning(self) -> str | None:
+        """Too few prompts per level to decide on (experiments.analysis.words.few_prompts); None when enough."""
+        counts = [p.prompts for p in self.points.values() if p.prompts]
+        return few_prompts(self.workload, min(counts)) if counts else None
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
@@ -195,7 +216,7 @@ def _series(label: str, workload: str, runs: list, by_id: dict, records: Records
     pooled = pooled_records(runs, records)
     rows = category_rows(*pooled, acc)
     slo = slo_levels(*pooled, config.slo_targets, config.closed)
-    s.categories = rows
+    s.categories = distinct_rows(rows)
     single = [category_rows(*pooled_records([run], records), acc) for run in runs] if len(runs) >= 3 else []
     for run in runs:
         s.contamination[f"{run.info.run_name} ({run.info.run_id[:8]})"] = contamination_of(
@@ -235,10 +256,7 @@ def build_series(client, options: list, all_runs: list, records: Records | None 
     by_id = {r.info.run_id: r for r in all_runs}
     ngram = ngram_sources(client, options)
     slopes = probe_slopes(ngram_sources(client, [r for r in all_runs if run_config(r).spec.method == "ngram"]))
-    groups: dict[tuple[str, str], list] = defaultdict(list)
-    for run in options:
-        if run.data.tags["specws.baseline_run_id"] in by_id:
-            groups[config_key(run)].append(run)
+    groups = _groups([run for run in options if run.data.tags["specws.baseline_run_id"] in by_id])
     records = records or Records(client)
     series = []
     for (label, workload), runs in sorted(groups.items()):
@@ -246,6 +264,17 @@ def build_series(client, options: list, all_runs: list, records: Records | None 
                                                     slopes) for run in runs}
         series.append(_series(label, workload, runs, by_id, records, predictions))
     return series
+
+
+def _groups(options: list) -> dict[tuple[str, str], list]:
+    """(configuration in words, workload) -> its runs; a configuration measured on two engines is two, each
+    named with its engine."""
+    by: dict[tuple[str, str, str], list] = defaultdict(list)
+    for run in options:
+        by[(*config_key(run), run_config(run).engine)].append(run)
+    engines = Counter((label, workload) for label, workload, _ in by)
+    return {(label if engines[(label, workload)] == 1 else f"{label} ({engine})", workload): runs
+            for (label, workload, engine), runs in by.items()}
 
 
 def _prediction(run, base, ngram: dict, slopes: dict) -> dict:
@@ -265,15 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     import mlflow
     from mlflow.tracking import MlflowClient
     from rich.console import Console
+    from rich.markup import escape
 
     from experiments.config.paths import ROOT
     ap = argparse.ArgumentParser(prog="python -m experiments.analysis.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("target", help="experiment name or parent (sweep) run id")
+    add_target(ap)
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}")
     ap.add_argument("--out", type=Path, default=ROOT / "mlruns" / "reports")
     ap.add_argument("--since", type=since_ms, default=None, metavar="ISO-TIME",
                     help="only runs started at or after this UTC time, e.g. 2026-11-30T21:00 (one lease's runs)")
     args = ap.parse_args(argv)
+    args.target = target_of(ap, args)
     console = Console(stderr=True)
     mlflow.set_tracking_uri(args.tracking_uri)
     client = MlflowClient()
@@ -288,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               f"-since-{iso(args.since).replace(':', '')}")
     records = Records(client)
     series = build_series(client, options, all_runs, records)
+    existing = set(args.out.glob(f"*-{stem}.*"))
     paths, verdicts = _write(client, options, all_runs, records, series, title, args.out, stem)
     if parent is not None:  # a sweep's report goes onto its parent run
         _log_report(client, parent.info.run_id, paths, verdicts)
@@ -295,7 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         with tracked_run(client, exp_id, f"report-{stem}"[:250], {"specws.mode": "report"}) as run:
             _log_report(client, run.id, paths, verdicts)
     for s in series:
-        console.print(f"[bold]{s.label}[/] on {s.workload}: {s.verdict()}", soft_wrap=True)
+        console.print(f"[bold]{escape(s.label)}[/] on {escape(s.workload)}: {escape(s.verdict())}", soft_wrap=True)
+        if s.warning():
+            console.print(f"[bold yellow]warning:[/] {escape(s.label)} on {escape(s.workload)}: {s.warning()}",
+                          soft_wrap=True)
+    for path in sorted(p for p in paths.values() if p in existing):
+        console.print(f"replaced {path}", soft_wrap=True, highlight=False)
     print(paths["html"])
     return 0
 
@@ -330,9 +367,9 @@ def _write(client, options: list, all_runs: list, records: Records, series: list
     paths["html"].write_text(page(series, png, title, html_section(recs), frontier, telemetry, host))
     paths["recommendation_json"], paths["recommendation_md"] = write(recs, out, stem, title)
     verdicts = {f"{s.label} | {s.workload}": {
-        "verdict": s.verdict(), "contaminated": s.contaminated, "contamination": s.contamination,
-        "prompt_set": s.prompt_set, "points": {c: p.as_json() for c, p in s.points.items()},
-        "categories": s.categories} for s in series}
+        "verdict": s.verdict(), "decision": s.decision(), "warning": s.warning(), "contaminated": s.contaminated,
+        "contamination": s.contamination, "prompt_set": s.prompt_set,
+        "points": {c: p.as_json() for c, p in s.points.items()}, "categories": s.categories} for s in series}
     return paths, verdicts
 
 
@@ -344,7 +381,7 @@ def _telemetry(client, options: list, all_runs: list, path: Path, paths: dict[st
     bases = {r.data.tags.get("specws.baseline_run_id") for r in options}
     runs = telemetry_of(client, list({r.info.run_id: r for r in options + [by_id[b] for b in bases
                                                                              if b in by_id]}.values()))
-    fig = telemetry_figure(runs)
+    fig = telemetry_figure(runs) if any(t.has_gpu for t in runs) else None   # no GPU: one line, no figure
     png = None if fig is None else _png(fig)
     if png is not None:
         path.write_bytes(png)

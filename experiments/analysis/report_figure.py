@@ -1,26 +1,39 @@
 """The decision report's figure: per workload, speedup vs concurrency of each option configuration, measured
 (filled dots, 95 % CI), the forecast made before the run (hollow squares, thin bars: its 95 % interval) just
-right of each measured point, and the post-hoc model (hollow diamonds, evaluated with the run's own acceptance)."""
+right of each measured point, and the post-hoc model (hollow diamonds, evaluated with the run's own acceptance);
+the legend and the key name only the kinds drawn; the speedup axis from zero; each panel titled by its workload
+and the prompts per level."""
 from __future__ import annotations
 
 import textwrap
-from collections import Counter
 from typing import Any
 
 import numpy as np
 
+from experiments.analysis.words import workload_words
+
 GRAY = "0.35"
 BAND = 0.7                    # octaves around a level shared by its configurations' points
-KEY = ("measured: filled dots, 95 % CI", "forecast made before the run: hollow squares, 95 % interval",
-       "post-hoc model (the run's own acceptance): hollow diamonds")
+# marker kind -> (the suptitle's words, the legend's entry, its marker)
+KINDS = {"measured": ("measured: filled dots, 95 % CI", "measured (95 % CI)", "o"),
+         "forecast": ("forecast made before the run: hollow squares, 95 % interval", "forecast before the run (95 %)",
+                      "s"),
+         "model": ("post-hoc model (the run's own acceptance): hollow diamonds", "post-hoc model", "D")}
 
 
-def _key_handles() -> list:
-    """Legend entries for the marker kinds, in gray, after the configurations' colours."""
+def drawn(series: list) -> list[str]:
+    """The marker kinds the figure draws for `series`: measured always, the forecast and the post-hoc model where
+    some point has one."""
+    points = [p for s in series for p in s.points.values()]
+    return ["measured"] + [kind for kind, has in (("forecast", any(p.forecast is not None for p in points)),
+                                                  ("model", any(p.predicted for p in points))) if has]
+
+
+def _key_handles(kinds: list[str]) -> list:
+    """Legend entries for the marker kinds drawn, in gray, after the configurations' colours."""
     from matplotlib.lines import Line2D
-    return [Line2D([], [], color=GRAY, marker="o", ls="-", label="measured (95 % CI)"),
-            Line2D([], [], color=GRAY, marker="s", mfc="none", ls="none", label="forecast before the run (95 %)"),
-            Line2D([], [], color=GRAY, marker="D", mfc="none", ls="none", label="post-hoc model")]
+    return [Line2D([], [], color=GRAY, marker=KINDS[k][2], mfc=GRAY if k == "measured" else "none",
+                   ls="-" if k == "measured" else "none", label=KINDS[k][1]) for k in kinds]
 
 
 def _measured(ax: Any, s: Any, x: np.ndarray, color: str) -> None:
@@ -62,6 +75,7 @@ def _panel(ax: Any, mine: list, colors: list[str], title: str) -> None:
         _forecast(ax, s, x * 2.0 ** (0.45 * width), color)      # just right of its measured point
         _model(ax, s, x, color)
     ax.axhline(1.0, color="gray", ls="--", lw=1)
+    ax.set_ylim(bottom=0)       # from zero: the distance to 1 (no speedup) is drawn to scale
     ax.set_xscale("log", base=2)
     ax.set_xlim(levels[0] / 2.0 ** BAND, levels[-1] * 2.0 ** BAND)
     ax.set_xticks(levels, [str(c) for c in levels])
@@ -70,16 +84,22 @@ def _panel(ax: Any, mine: list, colors: list[str], title: str) -> None:
     ax.set_title("\n".join(textwrap.wrap(title, 60)))
     ax.grid(alpha=0.3)
     handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles=handles + _key_handles(), fontsize=7)
+    ax.legend(handles=handles + _key_handles(drawn(mine)), fontsize=7)
 
 
 def panel_titles(series: list) -> dict[str, str]:
-    """workload -> its panel's title (`series`: report.OptionSeries or pareto.ParetoPoint): the prompt set it
-    sends (a file by its name), with the workload's name where two workloads send the same set; the workload's
-    name for runs that recorded no prompt set."""
-    sets = {s.workload: getattr(s, "prompt_set", None) or s.workload for s in series}
-    shared = Counter(sets.values())
-    return {w: p if shared[p] == 1 else f"{p} (workload {w})" for w, p in sets.items()}
+    """workload -> its panel's title (`series`: report.OptionSeries or pareto.ParetoPoint): the workload's name,
+    the prompt set it sends in parentheses where that has another name (experiments.analysis.words)."""
+    return {s.workload: workload_words(s.workload, getattr(s, "prompt_set", None)) for s in series}
+
+
+def sample_words(series: list) -> str:
+    """The prompts per level behind `series`' points ("12 prompts per level", "8-16 prompts per level"); empty
+    where no point counted its prompts."""
+    counts = sorted({p.prompts for s in series for p in s.points.values() if p.prompts})
+    if not counts:
+        return ""
+    return f"{counts[0] if len(counts) == 1 else f'{counts[0]}-{counts[-1]}'} prompts per level"
 
 
 def _wrapped(text: str, width_in: float, fontsize: float) -> str:
@@ -101,7 +121,10 @@ def figure(series: list, title: str) -> Any:
     for ax in axes.flat[len(workloads):]:
         ax.set_visible(False)
     for ax, workload in zip(axes.flat, workloads, strict=False):
-        _panel(ax, [s for s in series if s.workload == workload], colors, titles[workload])
+        mine = [s for s in series if s.workload == workload]
+        n = sample_words(mine)
+        _panel(ax, mine, colors, f"{titles[workload]}: {n}" if n else titles[workload])
     size = 9 if ncols == 1 else 11
-    fig.suptitle(_wrapped(f"{title}\n" + "; ".join(KEY), 7 * ncols, size), fontsize=size)
+    key = "; ".join(KINDS[k][0] for k in drawn(series))
+    fig.suptitle(_wrapped(f"{title}\n{key}", 7 * ncols, size), fontsize=size)
     return fig

@@ -8,7 +8,9 @@ from typing import Any
 from experiments.analysis.report_figure import panel_titles
 
 STYLE = ("body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px 8px}"
-         "table{border-collapse:collapse}.bad{color:#b00}")
+         "table{border-collapse:collapse}.bad{color:#b00}"
+         ".warn{background:#fff3cd;border:1px solid #e0b000;padding:6px 10px}"
+         "th[title]{text-decoration:underline dotted}")
 
 
 def _num(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -39,11 +41,11 @@ def _slo(p: Any) -> str:
 
 
 def _point_rows(series: list) -> str:
-    rows, where = [], panel_titles(series)
+    rows = []
     for s in series:
         flag = "contaminated" if s.contaminated else "clean" if s.contamination else "-"
         for c, p in sorted(s.points.items()):
-            rows.append(f"<tr>{_cells(s.label, where[s.workload], c)}<td><b>{_num(p.speedup, '{:.2f}x')}</b></td>"
+            rows.append(f"<tr>{_cells(s.label, s.workload, c)}<td><b>{_num(p.speedup, '{:.2f}x')}</b></td>"
                         f"{_cells(f'[{_num(p.low)}, {_num(p.high)}]', p.verdict, p.ci, _num(p.logged, '{:.2f}x'))}"
                         f"{_cells(p.to_decide if p.to_decide is not None else '-', *_forecast(p))}"
                         f"{_cells(_num(p.predicted, '{:.2f}x'), _slo(p))}"
@@ -52,12 +54,12 @@ def _point_rows(series: list) -> str:
 
 
 def _category_rows(series: list) -> str:
-    rows, where = [], panel_titles(series)
+    rows = []
     for s in series:
         verdict_of = "contaminated — not a verdict" if s.contaminated else None
         for r in s.categories:
             rows.append("<tr>" + _cells(
-                s.label, where[s.workload], r["concurrency"], r["category"], r["n_prompts"],
+                s.label, s.workload, r["concurrency"], r["category"], r["n_prompts"],
                 _num(r["speedup"], "{:.2f}x"), f"[{_num(r['speedup_low'])}, {_num(r['speedup_high'])}]",
                 verdict_of or r["verdict"], r["prompts_to_decide"] if r["prompts_to_decide"] is not None else "-",
                 _num(r["accept_length"]),
@@ -66,8 +68,7 @@ def _category_rows(series: list) -> str:
 
 
 def _contamination_rows(series: list) -> str:
-    where = panel_titles(series)
-    return "".join(f"<tr>{_cells(s.label, where[s.workload], run, tag)}</tr>"
+    return "".join(f"<tr>{_cells(s.label, s.workload, run, tag)}</tr>"
                    for s in series for run, tag in sorted(s.contamination.items()))
 
 
@@ -77,24 +78,27 @@ def page(series: list, png: bytes, title: str, recommendation: str = "", pareto:
     `recommendation`: the Recommendation section's HTML (experiments/analysis/recommend_render.py); `pareto`: the
     throughput vs per-user speed figure; `telemetry`: the Telemetry section's HTML
     (experiments/analysis/report_telemetry.py); `host`: the Host section's (experiments/analysis/report_host.py)."""
-    where = panel_titles(series)
+    where = panel_titles(series)     # the workload, with its prompt set once, here
     verdicts = "".join(f"<li><b>{escape(s.label)}</b> on {escape(where[s.workload])}: {escape(s.verdict())}</li>"
                        for s in series)
+    warnings = "".join(f'<p class="warn"><b>Warning</b>: {escape(s.label)} on {escape(s.workload)}: '
+                       f"{escape(s.warning())}</p>" for s in series if s.warning())
     img = base64.b64encode(png).decode()
     frontier = "" if pareto is None else (
         "<h2>Throughput against per-user speed</h2><p>Every setting and load; the frontier ringed: no other point has "
         "at least its aggregate tok/s and its per-user rate (TPOT).</p>"
         f'<img src="data:image/png;base64,{base64.b64encode(pareto).decode()}" style="max-width:100%">')
-    head = ("<tr><th>option</th><th>prompt set</th><th>concurrency</th><th>speedup</th><th>95 % CI</th>"
+    head = ("<tr><th>option</th><th>workload</th><th>concurrency</th><th>speedup</th><th>95 % CI</th>"
             "<th>verdict</th><th>interval from</th><th>run metric</th><th>prompts to decide</th>"
             "<th>forecast [95 % interval]</th><th>forecast error</th><th>post-hoc model</th><th>latency targets</th>"
             "<th>contamination</th></tr>")
-    cat_head = ("<tr><th>option</th><th>prompt set</th><th>concurrency</th><th>category</th><th>prompts</th>"
+    cat_head = ("<tr><th>option</th><th>workload</th><th>concurrency</th><th>category</th><th>prompts</th>"
                 "<th>speedup</th><th>95 % CI</th><th>verdict</th><th>prompts to decide</th><th>accept length</th>"
                 "<th>P(position accepted)</th></tr>")
     t = escape(title)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{t}</title><style>{STYLE}</style></head>
-<body><h1>{t}</h1><h2>Verdict</h2><ul>{verdicts}</ul><img src="data:image/png;base64,{img}" style="max-width:100%">
+<body><h1>{t}</h1><h2>Verdict</h2><ul>{verdicts}</ul>{warnings}
+<img src="data:image/png;base64,{img}" style="max-width:100%">
 {recommendation}{frontier}
 <h2>Measurements</h2><table>{head}{_point_rows(series)}</table>
 <p>Speedup: (Σ output tokens / Σ request seconds) of the option over the baseline's, on the prompts both served;
@@ -112,6 +116,7 @@ baseline meets it, and the level's verdict is then breaks_slo whatever its throu
 within every target, the option's over the baseline's on the same prompts.</p>
 {host}{telemetry}
 <h2>Per category</h2><table>{cat_head}{_category_rows(series)}</table>
+<p>A level whose prompts all belong to one category shows its "all" row only.</p>
 <h2>Contamination (acceptance that depends on what the engine served before)</h2>
 <table><tr><th>option</th><th>workload</th><th>run</th><th>check</th></tr>{_contamination_rows(series)}</table>
 <p>A configuration with a flagged run gets no verdict: its acceptance measured the engine's memory of earlier

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from experiments.analysis.categories import accept_length_of, acceptor
 from experiments.analysis.contamination import check_contamination
 from experiments.analysis.runs import run_config
+from experiments.analysis.words import config_words
 from experiments.tracking.records import run_records
 
 CONTAMINATED = "contaminated — not a verdict"
@@ -26,18 +27,29 @@ def since_ms(text: str) -> int:
     return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
+def add_target(ap: argparse.ArgumentParser) -> None:
+    """The experiment (or a sweep's parent run) to read, given either way: positionally or as --experiment."""
+    ap.add_argument("target", nargs="?", help="experiment name or parent (sweep) run id")
+    ap.add_argument("--experiment", help="the same, as an option (either form; not both with different values)")
+
+
+def target_of(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The target given to `add_target`'s arguments; exits through `ap.error` when none or two different ones."""
+    given = {t for t in (args.target, args.experiment) if t}
+    if len(given) != 1:
+        ap.error("give one experiment name or parent run id (positionally or as --experiment)" if not given
+                 else f"two different targets given: {' and '.join(sorted(given))}")
+    return given.pop()
+
+
 def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def config_key(run) -> tuple[str, str]:
+    """(the run's configuration in words, its workload): what the report groups runs by and shows."""
     config = run_config(run)
-    spec = config.spec
-    window = (spec.ngram.get("min_match"), spec.ngram.get("max_match"))
-    match = f" match {window[0]}-{window[1]}" if None not in window else ""
-    detail = {"ngram": f"k={spec.num_draft_tokens}{match}",
-              "eagle3": f"steps={spec.num_steps} topk={spec.topk}"}.get(spec.method, "")
-    return f"{config.option} {spec.method} {detail}".strip(), config.workload or "?"
+    return config_words(config), config.workload or "?"
 
 
 def records_of(client, run_id: str) -> list[dict]:

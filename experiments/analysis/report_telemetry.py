@@ -1,7 +1,8 @@
 """The decision report's telemetry: per run, GPU power and utilisation over its measured levels beside each level's
 throughput and energy per output token, from the run's own samples (experiments.harness.telemetry: TABLE, WINDOWS).
-A run whose GPU telemetry was off says "no GPU telemetry" and why (its `telemetry.gpu` tag) and shows the host's
-CPU utilisation instead; a run recorded before telemetry existed is listed as having none."""
+Where no run has GPU samples (a CPU host, or runs recorded before telemetry existed) the section is one line, "no GPU
+telemetry on this host: <why>" (the runs' `telemetry.gpu` tags, each reason once); the figure of a run without GPU
+samples shows the host's CPU utilisation instead."""
 from __future__ import annotations
 
 import csv
@@ -126,9 +127,17 @@ def telemetry_figure(runs: list[RunTelemetry]) -> Any | None:
     return fig
 
 
+def no_gpu_line(runs: list[RunTelemetry]) -> str:
+    """The one line for runs without GPU telemetry: why, each distinct reason once ("off: " left off)."""
+    reasons = dict.fromkeys(t.status.removeprefix("off: ") for t in runs)
+    return f"no GPU telemetry on this host: {'; '.join(reasons) or 'no runs'}"
+
+
 def html_section(runs: list[RunTelemetry], png: bytes | None) -> str:
-    """The Telemetry section: the figure and a row per run and level."""
+    """The Telemetry section: the figure and a row per run and level; one line where no run has GPU samples."""
     import base64
+    if not any(t.has_gpu for t in runs):
+        return f"<p>{escape(no_gpu_line(runs))}.</p>"
     rows = []
     for t in runs:
         gpu = "GPU" if t.has_gpu else "no GPU telemetry"
@@ -140,9 +149,7 @@ def html_section(runs: list[RunTelemetry], png: bytes | None) -> str:
             rows.append("<tr>" + "".join(f"<td>{escape(str(x))}</td>" for x in cells) + "</tr>")
     img = "" if png is None else (f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
                                   'style="max-width:100%">')
-    none = "" if any(t.has_gpu for t in runs) else (
-        "<p><b>No GPU telemetry</b> in these runs (see each run's reason).</p>")
-    return (f"<h2>Telemetry</h2>{none}{img}<table><tr><th>run</th><th>telemetry</th><th>concurrency</th>"
+    return (f"<h2>Telemetry</h2>{img}<table><tr><th>run</th><th>telemetry</th><th>concurrency</th>"
             "<th>output tok/s</th><th>energy per output token (J)</th><th>mean GPU power (W, all GPUs)</th>"
             f"<th>mean GPU utilisation (%)</th><th>host CPU (%)</th></tr>{''.join(rows)}</table>"
             f"<p>Sampled every {SAMPLE_INTERVAL_S} s while each measured level ran (warm-ups and server start left "

@@ -23,7 +23,7 @@ from experiments.tracking.lifecycle import tracked_run
 from experiments.tracking.offline_store import OfflineClient
 from experiments.tracking.redact import register_secrets, secrets_of_environ
 from experiments.tracking.redacting import RedactingClient
-from experiments.tracking.store import log_prompt_dataset
+from experiments.tracking.store import log_prompt_dataset, sqlite_file
 
 LINK_TAGS = ("mlflow.parentRunId", "specws.baseline_run_id", "specws.paired_option_run_id", "specws.training_run_id",
              "specws.evaluation_run_id", "specws.source_run_id")
@@ -73,7 +73,8 @@ def _import_run(source: OfflineClient, client: MlflowClient, exp_id: str, old_id
             prompt_set = artifacts / "prompt_set.json"
             if prompt_set.exists():   # the dataset input the offline store could not hold
                 ps = json.loads(prompt_set.read_text())
-                log_prompt_dataset(client, run.id, ps["name"], ps["source"], ps["rows"], ps["digest"])
+                log_prompt_dataset(client, run.id, ps["name"], ps["source"], ps["rows"],
+                                   ps.get("prompt_set_digest", ps["digest"]), ps.get("measured"))
             client.set_tag(run.id, "specws.imported_from", old_id)
             run.finish_as(status, meta["tags"].get("specws.failure", ""), end_time=meta["end_time"])
     except Exception:
@@ -166,16 +167,27 @@ def _check_run_json(path: Path, shown: Path) -> None:
         raise SourceRefused(f"{shown}: run_id {meta['run_id']!r} is not its folder's name {path.parent.name!r}")
 
 
-def main() -> None:
+def default_artifact_root(uri: str) -> Path | None:
+    """Where imported runs' artifacts go by default: `<database folder>/artifacts` for a SQLite store (the layout of
+    the workspace's own store, conf/tracking/local.yaml), None (the server's own) for a tracking server, the
+    workspace's mlruns/artifacts for any other store (never the current directory)."""
+    if uri.startswith(("http://", "https://")):
+        return None
+    db = sqlite_file(uri)
+    return db.resolve().parent / "artifacts" if db is not None else ROOT / "mlruns" / "artifacts"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("source", type=Path, help="offline store folder, or a .tar.gz / .tar.xz of one")
     parser.add_argument("--tracking-uri", default=DEFAULT_URI)
     parser.add_argument("--artifact-root", type=Path, default=None,
-                        help="where a new experiment keeps its artifacts (default: mlruns/artifacts for a local "
-                             "store; a tracking server's own, proxied, for an http(s) URI)")
-    args = parser.parse_args()
-    if args.artifact_root is None and not args.tracking_uri.startswith(("http://", "https://")):
-        args.artifact_root = ROOT / "mlruns" / "artifacts"
+                        help="where a new experiment keeps its artifacts (default: `artifacts` beside a SQLite "
+                             "store's database file, as the workspace's own store keeps them; a tracking server's "
+                             "own, proxied, for an http(s) URI; mlruns/artifacts for any other store)")
+    args = parser.parse_args(argv)
+    if args.artifact_root is None:
+        args.artifact_root = default_artifact_root(args.tracking_uri)
     with tempfile.TemporaryDirectory() as tmp:
         folder = offline_folder(args.source, Path(tmp))
         mlflow.set_tracking_uri(args.tracking_uri)

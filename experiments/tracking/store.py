@@ -2,6 +2,7 @@
 prompt set as a dataset. Opening a store and a run is experiments.tracking.runs."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -10,6 +11,7 @@ import subprocess
 import time
 import warnings
 from collections import namedtuple
+from collections.abc import Collection
 from importlib import metadata
 from pathlib import Path
 
@@ -100,11 +102,28 @@ def run_tags(cfg: DictConfig, mode: str, engine: dict[str, str] | None = None) -
     }
 
 
-def log_prompt_dataset(client, run_id: str, name: str, source: str, rows: list[dict], digest: str) -> None:
-    """The prompt set as an MLflow dataset input (shown on the run page, comparable across runs by digest):
-    one row per conversation -- id, category, its user turns -- with the workspace's own content digest. Also
-    as `prompt_set.json`, which the offline store keeps (no MLflow on the H200 host) and the importer reads."""
-    client.log_dict(run_id, {"name": name, "source": source, "digest": digest, "rows": rows}, "prompt_set.json")
+def measured_digest(rows: list[dict], measured: Collection[str]) -> str:
+    """sha256 over the prompts actually sent to be measured: each measured row's id and text, in id order. Two
+    workloads drawing different prompts from one prompt set (quick: 24, grounded: all) get different digests."""
+    sent = sorted([str(r["id"]), str(r.get("text", ""))] for r in rows if str(r["id"]) in measured)
+    canonical = json.dumps(sent, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def log_prompt_dataset(client, run_id: str, name: str, source: str, rows: list[dict], digest: str,
+                       measured: Collection[str] | None = None) -> None:
+    """The prompts as an MLflow dataset input (shown on the run page, comparable across runs by digest): one row
+    per conversation -- id, category, its user turns. With `measured` (the ids sent to be measured), the dataset
+    is those prompts and its digest theirs (`measured_digest`; `digest`, the whole prompt set's, is kept as
+    `prompt_set_digest`); without, every row under `digest`. Also as `prompt_set.json`, which the offline store
+    keeps (no MLflow on the H200 host) and the importer reads (and logs again the same way)."""
+    record = {"name": name, "source": source, "digest": digest, "rows": rows}
+    if measured is not None:
+        ids = {str(i) for i in measured}
+        rows = [r for r in rows if str(r["id"]) in ids]
+        record |= {"digest": measured_digest(rows, ids), "prompt_set_digest": digest, "measured": sorted(ids)}
+        digest = record["digest"]
+    client.log_dict(run_id, record, "prompt_set.json")
     if not hasattr(client, "log_inputs"):
         return
     import mlflow.data

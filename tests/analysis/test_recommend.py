@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_nothing_pays_on_the_h200_lease_so_no_speculation_at_every_level(h200_st
     for rec in recs.values():
         assert all(d.choice == NO_SPECULATION and d.status == DECIDED for d in rec.decisions)
         assert all(c.speedup.high < 1.0 for d in rec.decisions for c in d.candidates)
-    assert recs["grounded"].as_dict()["summary"] == "c 1–8: no speculation"
+    assert recs["grounded"].as_dict()["summary"] == "no speculation at c = 1–8"
     assert {c.label for d in recs["chat"].decisions for c in d.candidates} == {"A k=2", "A k=4", "A k=8", "B steps=3"}
     assert recs["grounded"].as_dict()["schedule"] == {"needed": False}
 
@@ -114,9 +115,10 @@ def test_levels_with_the_same_choice_collapse_into_ranges(grounded) -> None:
     labels = ("A k=2", "A k=8")
     together = recommendation(grounded, {1: 2.0, 4: 2.2, 8: 1.0}, labels)
     assert [(d.choice, d.status) for d in together.decisions] == [("A k=8", DECIDED)] * 2 + [(NO_SPECULATION, DECIDED)]
-    assert together.as_dict()["summary"] == "c 1–4: A k=8; c 8: no speculation"
+    assert together.as_dict()["summary"] == "A: n-gram, 8 draft tokens at c = 1–4; no speculation at c = 8"
     apart = recommendation(grounded, {1: 2.0, 4: 1.0, 8: 2.3}, labels)
-    assert apart.as_dict()["summary"] == "c 1: A k=8; c 4: no speculation; c 8: A k=8"
+    assert apart.as_dict()["summary"] == ("A: n-gram, 8 draft tokens at c = 1; no speculation at c = 4; "
+                                         "A: n-gram, 8 draft tokens at c = 8")
     plan = json.loads(apart.as_dict()["schedule"]["vllm"]["flags"][1])["num_speculative_tokens_per_batch_size"]
     assert plan == [[1, 1, 8], [4, 4, 0], [8, 8, 8]]
 
@@ -126,7 +128,7 @@ def test_a_schedule_is_followed_by_each_engines_own_routing(grounded, tmp_path: 
     config, as each engine's own code expands them, give 3 draft steps at batch 1-3 and none from 4 on."""
     rec = recommendation(grounded, {1: 2.0, 4: 1.0, 8: 1.0}, ("A k=2", "A k=4", "A k=8", "B steps=3"))
     out = rec.as_dict()
-    assert out["summary"] == "c 1: B steps=3; c 4–8: no speculation"
+    assert out["summary"] == "B: EAGLE-3, 3 steps at c = 1; no speculation at c = 4–8"
     s = out["schedule"]
     conf = json.loads(s["vllm"]["flags"][s["vllm"]["flags"].index("--speculative-config") + 1])
     assert conf["method"] == "eagle3" and conf["num_speculative_tokens"] == 3
@@ -168,7 +170,7 @@ def test_an_option_breaking_a_target_is_not_chosen_and_ngram_has_no_sglang_sched
     rec = next(r for r in build(client, options, all_runs) if r.workload == "grounded")
     out = rec.as_dict()
     assert out["slo"] == {"ttft": 2.18}
-    assert out["summary"] == "c 1: no speculation; c 4: A k=4"
+    assert out["summary"] == "no speculation at c = 1; A: n-gram, 4 draft tokens at c = 4"
     one = rec.decisions[0]
     assert one.candidates[0].speedup.low > 1.3 and one.candidates[0].breaks == ["ttft"]
     s = out["schedule"]
@@ -205,22 +207,65 @@ def test_an_open_loop_run_is_a_load_of_its_own(cpu_store: str, tmp_path: Path) -
     options, all_runs, _, _ = select_runs(client, CPU_EXPERIMENT)
     rec = next(r for r in build(client, options, all_runs) if r.workload == "grounded").as_dict()
     assert [d["load"] for d in rec["loads"]] == ["poisson 2 req/s, cap 1", "poisson 2 req/s, cap 4"]
-    assert rec["summary"] == "poisson 2 req/s, cap 1: A k=4; poisson 2 req/s, cap 4: A k=4"
+    assert rec["summary"] == ("A: n-gram, 4 draft tokens under poisson 2 req/s, cap 1; "
+                              "A: n-gram, 4 draft tokens under poisson 2 req/s, cap 4")
     assert rec["schedule"] == {"needed": False}
 
 
 def test_the_command_writes_and_logs_the_recommendation(cpu_store: str, tmp_path: Path, capsys) -> None:
     store = copy_store(cpu_store, tmp_path)
     assert main(["--experiment", CPU_EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "out")]) == 0
-    text = capsys.readouterr().out
-    assert "**c 1–4: A k=4**" in text and "| c 4 | A k=4 | decided |" in text
+    printed = capsys.readouterr()
+    text = printed.out
+    assert "replaced" not in printed.err
+    assert "**Warning**: too few prompts to decide on (12 per level, fewer than 32); run workload=grounded" in text
+    assert "**A: n-gram, 4 draft tokens at c = 1–4**" in text
+    assert "| c 4 | A: n-gram, 4 draft tokens | decided |" in text
     client = MlflowClient(store)
     exp = client.get_experiment_by_name(CPU_EXPERIMENT)
     (report,) = client.search_runs([exp.experiment_id], "tags.`specws.mode` = 'report'")
     logged = {a.path for a in client.list_artifacts(report.info.run_id, "recommendation")}
     assert logged == {"recommendation/recommendation-smollm2_135m_local.json",
                       "recommendation/recommendation-smollm2_135m_local.md"}
-    # a second call goes onto the experiment's report run, not a new one
-    assert main(["--experiment", CPU_EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "out")]) == 0
+    # a second call (the experiment given positionally, as to the report) goes onto the experiment's report run, not
+    # a new one, and says which files it replaced
+    assert main([CPU_EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path / "out")]) == 0
     assert len(client.search_runs([exp.experiment_id], "tags.`specws.mode` = 'report'")) == 1
+    err = capsys.readouterr().err
+    assert all(f"replaced {tmp_path / 'out' / f'recommendation-smollm2_135m_local.{x}'}" in err for x in ("json", "md"))
     assert main(["--experiment", "nothing-here", "--tracking-uri", store]) == 2
+
+
+def test_an_engines_caveat_names_only_a_setting_someone_chose_and_says_what_to_do(cpu_store: str) -> None:
+    """Option A on vLLM gets vLLM's window 2-4 from the workspace: SGLang's "no such setting" is nobody's to act on.
+    A window someone chose (3-5) is named, with what to do about it on SGLang."""
+    from experiments.analysis.recommend_flags import choice_flags
+    from experiments.analysis.recommend_render import caveats
+    client = MlflowClient(cpu_store)
+    options, all_runs, _, _ = select_runs(client, CPU_EXPERIMENT)
+    rec = next(r for r in build(client, options, all_runs) if r.workload == "grounded").as_dict()
+    (cand,) = {c["label"]: c for d in rec["loads"] for c in d["candidates"]}.values()
+    sglang = rec["flags"]["A k=4"]["sglang"]
+    assert len(sglang["not_passed"]) == 2 and caveats(sglang["not_passed"], "sglang", cand) == []
+    chosen = choice_flags({**cand_spec(options), "ngram": {"min_match": 3, "max_match": 5}})["sglang"]["not_passed"]
+    notes = caveats(chosen, "sglang", cand)
+    assert len(notes) == 2 and notes[0].startswith("spec.ngram.min_match=3 (your setting): SGLang's NGRAM drafter")
+    assert all("remove it" not in n and n.endswith("deploy this choice on vllm, where it was measured with it, or "
+                                                   "measure it on sglang without it") for n in notes)
+
+
+def cand_spec(options: list) -> dict:
+    return dataclasses.asdict(run_config(next(r for r in options if run_config(r).option == "A")).spec)
+
+
+def test_the_tables_explain_their_columns_in_words(cpu_store: str) -> None:
+    from experiments.analysis.recommend_render import html_section, markdown
+    client = MlflowClient(cpu_store)
+    options, all_runs, _, _ = select_runs(client, CPU_EXPERIMENT)
+    recs = build(client, options, all_runs)
+    html, md = html_section(recs), markdown(recs, "t")
+    for column in ("not separated from", "further prompts"):
+        assert re.search(rf'<th title="[^"]+">{column}</th>', html)
+        assert f"{column}: " in md and f"{column}: " in html
+    assert "| c 4 | no speculation | inconclusive | 1 (baseline) | 12 | C: EAGLE-3, 3 steps | 6 |" in md
+    assert "A k=4" not in md and "steps=3" not in md and "(workload " not in md

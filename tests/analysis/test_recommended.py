@@ -77,6 +77,6 @@ def test_recommend_runs_on_the_offline_store_without_mlflow(lease, tmp_path) -> 
               f"'--out', '{tmp_path}']))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "**c 1–8: no speculation**" in out.stdout
+    assert "**no speculation at c = 1–8**" in out.stdout
     (written,) = tmp_path.glob("recommendation-*.json")
     assert {"chat", "grounded"} <= {w["prompt_set"] for w in json.loads(written.read_text())["workloads"]}

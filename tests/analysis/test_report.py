@@ -77,12 +77,16 @@ def test_report_on_the_old_h200_runs_flags_option_a(old_store: str, tmp_path: Pa
     (report_run,) = client.search_runs([exp.experiment_id], "tags.`specws.mode` = 'report'")
     verdicts = json.loads(Path(client.download_artifacts(report_run.info.run_id, "report/verdicts.json",
                                                          str(tmp_path))).read_text())
-    a = {k: v for k, v in verdicts.items() if k.startswith("A ")}
-    b = {k: v for k, v in verdicts.items() if k.startswith("B ")}
+    a = {k: v for k, v in verdicts.items() if k.startswith("A: n-gram")}
+    b = {k: v for k, v in verdicts.items() if k.startswith("B: EAGLE-3")}
     assert len(a) == 6 and len(b) == 8
     assert all(v["contaminated"] and v["verdict"].startswith(CONTAMINATED) for v in a.values())
+    assert all(v["decision"] == CONTAMINATED for v in a.values())
     assert not any(v["contaminated"] for v in b.values())
-    assert all(v["verdict"].split(":")[0] in {"pays", "does not pay", "depends"} for v in b.values())
+    assert all(v["decision"] in {"pays", "does not pay", "depends", "inconclusive"} for v in b.values())
+    # 8-10 prompts per level: every configuration carries the warning, on the page too
+    assert all(v["warning"].startswith("too few prompts to decide on") for v in verdicts.values())
+    assert text.count('<p class="warn"><b>Warning</b>') >= len(verdicts)
     for v in verdicts.values():
         for point in v["points"].values():
             assert point["low"] <= point["speedup"] <= point["high"] and point["prompts"] in (8, 10, 16)
@@ -157,16 +161,16 @@ def test_report_shows_the_forecast_beside_the_measurement(forecast_store) -> Non
     (report_run,) = client.search_runs([exp.experiment_id], "tags.`specws.mode` = 'report'")
     verdicts = json.loads(Path(client.download_artifacts(report_run.info.run_id, "report/verdicts.json",
                                                          str(tmp))).read_text())
-    entry = {key.split()[0]: v for key, v in verdicts.items()}
+    entry = {key.split(":")[0]: v for key, v in verdicts.items()}
     a, b, c = (entry[o]["points"]["2"] for o in "ABC")
     # A: the mean of its two runs' forecasts, the error against the report's pooled paired speedup
     assert a["speedup"] == pytest.approx(measured) and a["verdict"] == "pays" and a["forecasts"] == 2
     assert (a["forecast"], a["forecast_low"], a["forecast_high"]) == pytest.approx((0.85, 0.75, 0.90))
     assert a["forecast_error"] == pytest.approx(0.85 / measured - 1.0) and a["forecast_error"] < -0.4
     assert a["forecast_verdict"] == "does not pay"
-    assert (f"forecast disagrees at c=2 (forecast 0.85x [0.75, 0.90] does not pay, measured {measured:.2f}x pays)"
+    assert (f"forecast disagrees at c = 2 (forecast 0.85x [0.75, 0.90] does not pay, measured {measured:.2f}x pays)"
             in entry["A"]["verdict"])
-    assert entry["A"]["verdict"].startswith("pays: pays at c=2")
+    assert entry["A"]["verdict"].startswith("pays at c = 2;") and entry["A"]["decision"] == "pays"
     # B: no forecast; C: a forecast that agrees is not named
     assert b["forecast"] is None and b["forecast_error"] is None and b["forecast_verdict"] is None
     assert c["forecast_error"] == pytest.approx(1.9 / measured - 1.0) and c["forecast_verdict"] == "pays"
@@ -177,7 +181,7 @@ def test_report_shows_the_forecast_beside_the_measurement(forecast_store) -> Non
     assert rows["A"]["forecast error"] == f"{100 * (0.85 / measured - 1):+.1f} %"
     assert rows["C"]["forecast [95 % interval]"] == "1.90x [1.60, 2.30]"
     assert rows["B"]["forecast [95 % interval]"] == rows["B"]["forecast error"] == "-"
-    assert "post-hoc model" in html and "forecast disagrees at c=2" in html
+    assert "post-hoc model" in html and "forecast disagrees at c = 2" in html
 
 
 def table_rows(html: str) -> dict[str, dict[str, str]]:
@@ -186,7 +190,7 @@ def table_rows(html: str) -> dict[str, dict[str, str]]:
     head, *rows = re.findall(r"<tr>(.*?)</tr>", table)
     names = re.findall(r"<th>(.*?)</th>", head)
     cells = [[re.sub(r"<.*?>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)] for row in rows]
-    return {row[0].split()[0]: dict(zip(names, row, strict=True)) for row in cells}
+    return {row[0].split(":")[0]: dict(zip(names, row, strict=True)) for row in cells}
 
 
 def test_figure_draws_the_forecast_as_hollow_squares(forecast_store) -> None:

@@ -1,9 +1,11 @@
 """The report's telemetry section from a run's stored samples: the workspace client measures two levels against the
 loopback token server with the level sampler hooked in (this machine has no NVML: the host's CPU is what it reads),
-the workspace's exporter writes the run into a temporary MLflow store, and the report reads it back from there."""
+the workspace's exporter writes the run into a temporary MLflow store, and the report reads it back from there; the
+report's section on a host without GPU telemetry is one line with the reason once."""
 from __future__ import annotations
 
 import json
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -66,8 +68,10 @@ def test_the_report_plots_a_runs_stored_telemetry_and_says_when_there_is_no_gpu(
     assert len(ax.lines[0].get_xdata()) == len(times)
     labels = [txt.get_text() for txt in ax.texts]
     assert len(labels) == 2 and labels[0].startswith("c=1\n") and "tok/s" in labels[0]
-    html = html_section([t], b"png")
-    assert "No GPU telemetry" in html and "off: " in html and "data:image/png;base64," in html
+    # the report's section on this host: one line, the reason once however many runs and levels say it
+    html = html_section([t, t, t, t], b"png")
+    reason = t.status.removeprefix("off: ")
+    assert html == f"<p>no GPU telemetry on this host: {escape(reason)}.</p>" and html.count(escape(reason)) == 1
 
 
 H200 = Path(__file__).parent / "data" / "h200_telemetry"   # the sampler's own files from an H200 (2026-12-03)
@@ -95,4 +99,4 @@ def test_a_run_with_gpu_samples_gets_power_and_utilisation_beside_its_levels(sto
     assert list(power_ax.lines[0].get_ydata()) == power
     assert [txt.get_text().split("\n")[0] for txt in power_ax.texts] == ["c=1", "c=8"]
     html = html_section([t], None)
-    assert "No GPU telemetry" not in html and "GPU: on: NVML" in html
+    assert "no GPU telemetry" not in html and "GPU: on: NVML" in html and "<h2>Telemetry</h2>" in html

@@ -1,6 +1,8 @@
 """`import_runs` checks an offline store given as a folder exactly as one given as a .tar.gz or .tar.xz: the same store
 found (nested or not), the same refusals (links out of it, special files, a run.json that is no run, two stores); a
-lease's store found by its stem, and a journal store imported as its README says."""
+lease's store found by its stem, and a journal store imported as its README says; into a SQLite store elsewhere, the
+artifacts go beside that store (not under the current directory), and the prompts' dataset keeps the digest of the
+prompts measured."""
 from __future__ import annotations
 
 import json
@@ -10,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from conftest import import_into
+from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT
-from experiments.tracking.import_runs import SourceRefused, offline_folder, store_archive
+from experiments.tracking.import_runs import SourceRefused, main, offline_folder, store_archive
 from experiments.tracking.offline_store import OfflineClient
+from experiments.tracking.store import log_prompt_dataset, measured_digest
 
 
 def offline_store(root: Path) -> str:
@@ -105,3 +109,22 @@ def test_a_journal_store_imports_as_its_readme_says(tmp_path: Path) -> None:
     assert "6 runs in" in out.stdout
     (exp,) = [e for e in client.search_experiments() if e.name == "smollm2_135m@local"]
     assert len(client.search_runs([exp.experiment_id])) == 6
+
+
+def test_runs_imported_into_a_store_elsewhere_keep_their_artifacts_beside_it(tmp_path: Path, monkeypatch) -> None:
+    run_id = offline_store(tmp_path / "src")
+    rows = [{"id": f"p{i}", "category": "grounded", "text": f"prompt {i}"} for i in range(6)]
+    log_prompt_dataset(OfflineClient(tmp_path / "src"), run_id, "quick", "grounded", rows, "s" * 64, {"p1", "p4"})
+    elsewhere, cwd = tmp_path / "elsewhere", tmp_path / "cwd"
+    elsewhere.mkdir()
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    uri = f"sqlite:///{elsewhere / 'm.db'}"
+    main([str(tmp_path / "src"), "--tracking-uri", uri])
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
+    assert run.info.artifact_uri.startswith((elsewhere / "artifacts").as_uri())
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"summary.json", "prompt_set.json"}
+    assert not any(cwd.iterdir())    # nothing under the current directory (MLflow's ./mlruns default)
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.digest == measured_digest(rows, {"p1", "p4"})[:36] != "s" * 36

@@ -1,16 +1,19 @@
-"""Two multirun sweeps writing to one SQLite store at the same time both complete."""
+"""Two multirun sweeps writing to one SQLite store at the same time both complete; a run that was gone is failed at the
+next start; a mapping keyed by token strings is one param; the prompts' dataset digest is that of the prompts measured
+(quick and grounded, one prompt set, two datasets)."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import compose_cfg
 from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT
-from experiments.tracking.store import flatten, log_params
+from experiments.tracking.store import flatten, log_params, log_prompt_dataset, measured_digest
 
 
 def test_parallel_multiruns_share_one_store(store: str, tmp_path, embedded_ready) -> None:
@@ -75,3 +78,34 @@ def test_a_mapping_keyed_by_token_strings_is_logged_whole_to_a_real_store(store:
     logged = client.get_run(run.info.run_id).data.params
     assert json.loads(logged["model.tokenizer.special_ids"])["[BOS]"] == 163584
     assert logged["model.tokenizer.bos"] == "[BOS]" and logged["site.name"] == str(cfg.site.name)
+
+
+def _logged_dataset(client: MlflowClient, exp: str, workload: str, tmp: Path) -> tuple[str, str, int, dict]:
+    """The workload prepared as a run prepares it, its prompts logged as the run's dataset input with the ids it
+    measures; returns the whole prompt set's digest, the dataset's digest, the prompts measured and prompt_set.json."""
+    from experiments.config.views import views_of
+    from experiments.harness.prepare import prepare_workload
+
+    cfg = compose_cfg("+option=A", f"workload={workload}", "model.path=/nonexistent")
+    prepared = prepare_workload(cfg, views_of(cfg).workload)
+    rows = [{"id": c.id, "category": c.category, "text": "\n---\n".join(c.user_turns)} for c in prepared.conversations]
+    run_id = client.create_run(exp, run_name=workload).info.run_id
+    log_prompt_dataset(client, run_id, workload, str(cfg.workload.prompt_set), rows, prepared.digest,
+                       prepared.measured_ids())
+    (dataset,) = client.get_run(run_id).inputs.dataset_inputs
+    record = json.loads(Path(client.download_artifacts(run_id, "prompt_set.json", str(tmp))).read_text())
+    return prepared.digest, dataset.dataset.digest, len(prepared.measured_ids()), record
+
+
+def test_the_dataset_digest_follows_the_prompts_measured(store: str, tmp_path: Path) -> None:
+    """quick and grounded send from the same prompt set (one digest for the whole set), but measure 24 and 63 of its
+    prompts: their datasets differ, each the digest of its measured prompts; logging the same again gives the same."""
+    client = MlflowClient(store)
+    exp = client.create_experiment("datasets", artifact_location=str(tmp_path / "artifacts"))
+    quick_set, quick, n_quick, record = _logged_dataset(client, exp, "quick", tmp_path)
+    grounded_set, grounded, n_grounded, _ = _logged_dataset(client, exp, "grounded", tmp_path)
+    assert quick_set == grounded_set and quick != grounded and (n_quick, n_grounded) == (24, 63)
+    assert record["digest"][:36] == quick and record["prompt_set_digest"] == quick_set
+    assert len(record["measured"]) == 24 and len(record["rows"]) > 24
+    assert measured_digest(record["rows"], set(record["measured"]))[:36] == quick
+    assert _logged_dataset(client, exp, "quick", tmp_path)[1] == quick
