@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from experiments.analysis.forecast_run import forecast_check, log_forecast
 from experiments.analysis.post_run import log_run_analysis
+from experiments.analysis.verdict_block import log_verdict_block
 from experiments.config import paths
 from experiments.config.closed import refuse_unknown_overrides
 from experiments.config.views import ConfigError, views_of
@@ -35,12 +36,14 @@ from experiments.harness.prepare import prepare_workload
 from experiments.harness.server import POOL
 from experiments.harness.workloads.formats import WorkloadError
 from experiments.tracking import redact
-from experiments.tracking.console_guard import guard_console
+from experiments.tracking.console_guard import guard_console, quiet_console
 
 SITE_ENV = "SPECWS_SITE"
+VERBOSE_FLAGS = ("-v", "--verbose")   # spelled on the command line as run.verbose=true
 LOCAL_SITE = paths.ROOT / "conf" / "local" / "site.yaml"
-# Analysis run on each measured run after its measurement, inside its lifecycle.
-POST_RUN = (log_run_analysis, forecast_check)
+# Analysis run on each measured run after its measurement, inside its lifecycle; the verdict block last (it reads
+# what the others logged, and is the last thing a run prints).
+POST_RUN = (log_run_analysis, forecast_check, log_verdict_block)
 # Fills the run of `run.forecast=true` (the option's runner asks for it by a `forecaster` argument).
 FORECASTER = log_forecast
 
@@ -100,6 +103,7 @@ def task(cfg: DictConfig) -> dict | None:
     """One Hydra job. A module-level name of its own (`main` is Hydra's wrapper): submitit's launchers pickle
     the task function by reference, so a job in another process imports it."""
     guard_console()   # a job started by a launcher in its own process comes here without __main__
+    quiet_console(bool(OmegaConf.select(cfg, "run.verbose", default=False)))   # Hydra set this job's log handlers
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)   # a closed terminal: torn down and KILLED like Ctrl-C
     # A shell starting us in the background (`cmd &`, nohup, some CI runners) leaves SIGINT ignored, and Python
@@ -141,6 +145,7 @@ def refuse_before_hydra(args: list[str]) -> None:
     """Before Hydra composes: the command line's and the environment's secrets kept off the console (Hydra prints
     the overrides of a failed job), and an override of an undeclared key refused naming the nearest one (exit 2)."""
     guard_console()
+    quiet_console(verbose_asked(args))
     redact.register_secrets(redact.secrets_of_overrides(args) | redact.secrets_of_environ(os.environ))
     try:
         refuse_unknown_overrides(args)
@@ -149,7 +154,19 @@ def refuse_before_hydra(args: list[str]) -> None:
         sys.exit(2)
 
 
+def verbose_flags(args: list[str]) -> list[str]:
+    """`-v` / `--verbose` as the override Hydra understands: run.verbose=true."""
+    return ["run.verbose=true" if a in VERBOSE_FLAGS else a for a in args]
+
+
+def verbose_asked(args: list[str]) -> bool:
+    """Whether the command line asks for run.verbose (before Hydra composes: the config's value comes per job)."""
+    given = [a.partition("=")[2].lower() for a in args if a.lstrip("+").startswith("run.verbose=")]
+    return bool(given) and given[-1] in ("true", "1", "yes", "on")
+
+
 if __name__ == "__main__":
+    sys.argv[1:] = verbose_flags(sys.argv[1:])
     refuse_before_hydra(sys.argv[1:])
     if os.environ.get(SITE_ENV):
         write_local_site(os.environ[SITE_ENV])

@@ -3,7 +3,9 @@ Measurement (experiments/tracking/export.py) as it goes and writes nothing to th
 has on every way out, so a failed run keeps what it saw."""
 from __future__ import annotations
 
+import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 console = Console(stderr=True)
+log = logging.getLogger(__name__)
 TIMING_TAG, INTERLEAVED, SEQUENTIAL = "specws.timing", "interleaved", "sequential"
 
 
@@ -166,7 +169,7 @@ def compare_with_baseline(arm: Arm, baseline: Run | None, store_client) -> None:
                             if k.startswith("output_tok_s_c")}
         greedy = arm.runner.settings.temperature == 0.0
         _agreement_check(m, store_client, baseline, arm.server, arm.adapter, v, greedy)
-    _report(v, m.metrics)
+    _report(v, m)
 
 
 def _visible_gpus(target: LaunchSpec | Served) -> str | None:
@@ -206,8 +209,9 @@ def _note_host_load(m: Measurement, share: float) -> None:
     loaded = host_loaded(m.summary.per_level, os.cpu_count() or 1, share)
     m.tags[HOST_LOADED_TAG] = str(loaded).lower()
     if loaded:
-        console.print(f"[yellow]other processes kept up to {m.metrics.get('host_other_cores_busy_max', 0):.1f} "
-                      "cores busy while this run measured: not reused as a baseline[/]")
+        busy = m.metrics.get("host_other_cores_busy_max", 0)
+        console.print(f"[yellow]{m.option}: other processes kept up to {busy:.1f} cores busy while this run "
+                      "measured: not reused as a baseline[/]")
 
 
 def _note_unsteady_steps(m: Measurement, source: str) -> None:
@@ -235,13 +239,18 @@ def _server_for(m: Measurement, v: RunView, target: LaunchSpec | Served, log_pat
         console.print(f"[bold]{v.option}[/]: measuring the running {target.engine} {target.version} server "
                       f"at {target.url}")
         return server
-    console.print(f"[bold]{v.option}[/]: starting {target.engine} ({redact_text(' '.join(target.args))})")
-    s = v.server
-    server, reused = POOL.acquire(target, log_path, s.startup_timeout_s, s.port, s.reuse, s.pool_size)
+    log.info("%s: %s command line: %s", v.option, target.engine, redact_text(" ".join(target.args)))
+    console.print(f"[bold]{v.option}[/]: starting {target.engine} (its log: {log_path})")
+    s, t0 = v.server, time.monotonic()
+    server, reused = POOL.acquire(target, log_path, s.startup_timeout_s, s.port, s.reuse, s.pool_size,
+                                  label=v.option)
+    console.print(f"[bold]{v.option}[/]: {target.engine} " + ("reused (already up)" if reused else
+                                                              f"up in {time.monotonic() - t0:.0f} s"))
     seen = server.visits.seen(measured) if reused and not prepared.workload.reuse_prompts else set()
     if seen:
         console.print(f"the shared server has already served {len(seen)} of this run's prompts: starting a fresh one")
-        server, reused = POOL.acquire(target, log_path, s.startup_timeout_s, s.port, False, s.pool_size)
+        server, reused = POOL.acquire(target, log_path, s.startup_timeout_s, s.port, False, s.pool_size,
+                                      label=v.option)
     # the process this runner started
     m.tags |= {"specws.server_reused": str(reused), "specws.port": str(target.port),
                "specws.server_pid": str(server.proc.pid)}
@@ -292,8 +301,9 @@ def _read_patches(m: Measurement, spec: LaunchSpec) -> None:
     m.patches_tag = applied_tag(m.patches)
 
 
-def _report(v: RunView, metrics: dict[str, float]) -> None:
-    keys = ["output_tok_s", "accept_length", "acceptance_rate", "speedup_vs_baseline",
-            "greedy_exact_match", "greedy_near_ties", "greedy_real_divergences", "ttft_p50_ms", "itl_p50_ms"]
-    shown = ", ".join(f"{k}={metrics[k]:.3g}" for k in keys if k in metrics)
-    console.print(f"[bold green]{v.option}[/] on {v.workload.name}: {shown}")
+def _report(v: RunView, m: Measurement) -> None:
+    """One line once measured: the verdict block comes after the post-run analysis (its intervals and verdicts)."""
+    levels = sorted(m.summary.per_level) if m.summary is not None else []
+    rates = " / ".join(f"{m.metrics[f'output_tok_s_c{c}']:.3g}" for c in levels if f"output_tok_s_c{c}" in m.metrics)
+    console.print(f"[bold green]{v.option}[/] on {v.workload.name}: measured at c={', '.join(map(str, levels))}"
+                  + (f" ({rates} output tok/s)" if rates else "") + "; the verdict follows the analysis")

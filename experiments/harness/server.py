@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from rich.console import Console
 
 from experiments.config.errors import Refused
 from experiments.engines.auth import WANTS_KEY, auth_headers, use_key, wants_key
@@ -26,6 +28,22 @@ from experiments.tracking.redact import redact_file, redact_text
 
 PORT_IN_USE = ("address already in use", "errno 98")
 POLL_GRACE_S = 3.0   # the watchdog notices a gone group within one poll (1 s)
+HEARTBEAT_S = 15.0   # a line while a server starts: seconds so far and the phase its log is in
+# (pattern, phase) for a server log's lines, vLLM's and SGLang's; the last line that matches one names the phase
+PHASES = (
+    (re.compile(r"Uvicorn running|Starting vLLM server|Application startup|fired up|Started server process"),
+     "starting its HTTP server"),
+    (re.compile(r"[Cc]apture cuda graph|[Cc]apturing (CUDA|cuda)|CUDA graph"), "capturing CUDA graphs"),
+    (re.compile(r"[Cc]ompil(e|ing|ation)|Dynamo|torch\.compile|[Aa]utotun"), "compiling"),
+    (re.compile(r"KV [Cc]ache|kv cache|[Mm]emory pool|init engine|[Ww]arm(ing)? ?up|[Pp]rofil"),
+     "allocating the KV cache, warming up"),
+    (re.compile(r"[Ll]oad(ing)? (model|weight)|safetensors|[Cc]heckpoint shards|to load model"), "loading weights"),
+    (re.compile(r"Initializing a V1|init_distributed|[Ii]nit torch distributed|world_size="),
+     "initialising the engine"),
+)
+NOT_A_PHASE = re.compile(r"disabl|deprecat|enforce.eager", re.IGNORECASE)   # names a phase it skips
+SOURCE_PREFIX = re.compile(r"^.*?\[[\w./-]+\.py:\d+\]\s*")   # vLLM's "(pid) INFO date [file.py:12] "
+console = Console(stderr=True)
 
 
 class EngineStartError(RuntimeError):
@@ -42,6 +60,24 @@ class ServerWantsKey(EngineStartError, Refused):
 
 class EngineDied(RuntimeError):
     """The server process ended while the workload was running."""
+
+
+def startup_phase(path: Path, tail_bytes: int = 32768) -> str:
+    """The phase a starting server is in, read from the end of its log (PHASES)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "no log yet"
+    for line in reversed(lines):
+        line = SOURCE_PREFIX.sub("", line)
+        if NOT_A_PHASE.search(line):
+            continue
+        for pattern, phase in PHASES:
+            if pattern.search(line):
+                return phase
+    return "starting Python, importing the engine"
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -73,9 +109,12 @@ class Server:
     a benchmark's peer) started in its own process group on a free port, its output in `log_path`, healthy
     before `start` returns, the whole group stopped by `stop`."""
 
-    def __init__(self, spec: LaunchSpec, log_path: Path) -> None:
+    heartbeat_s = HEARTBEAT_S
+
+    def __init__(self, spec: LaunchSpec, log_path: Path, label: str = "") -> None:
         self.spec = spec
         self.log_path = log_path
+        self.label = label   # what the heartbeat names it by (the option)
         self.proc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
         self.visits = VisitLog()
@@ -135,9 +174,13 @@ class Server:
             raise
 
     def _await_health(self, timeout_s: float, poll_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline, beat = start + timeout_s, start + self.heartbeat_s
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
+                if self.heartbeat_s and time.monotonic() >= beat:
+                    beat += self.heartbeat_s
+                    self._heartbeat(time.monotonic() - start)
                 if self.proc.poll() is not None:
                     code = self.proc.returncode
                     raise EngineStartError(f"{self.spec.engine} server exited with code {code} before "
@@ -151,6 +194,11 @@ class Server:
                 time.sleep(poll_s)
         raise EngineStartError(f"{self.spec.engine} server not healthy after {timeout_s:.0f} s. "
                                f"Server log ({self.log_path}) ends with:\n{log_tail(self.log_path)}")
+
+    def _heartbeat(self, elapsed_s: float) -> None:
+        who = f"{self.label}: " if self.label else ""
+        console.print(f"{who}{self.spec.engine} starting, {elapsed_s:.0f} s: {startup_phase(self.log_path)}",
+                      markup=False, highlight=False)
 
     def _check_identity(self) -> None:
         """A healthy port is ours only if our process is alive, listens on it, and serves the model we asked for
@@ -293,8 +341,9 @@ class ServerPool:
         atexit.register(self.close_all)
 
     def acquire(self, spec: LaunchSpec, log_path: Path, timeout_s: float, preferred_port: int | None,
-                reuse: bool = True, capacity: int = 2, accelerator: str | None = None) -> tuple[Server, bool]:
-        """A healthy server for `spec` and whether it was reused."""
+                reuse: bool = True, capacity: int = 2, accelerator: str | None = None,
+                label: str = "") -> tuple[Server, bool]:
+        """A healthy server for `spec` and whether it was reused; `label` names it in the start's heartbeat."""
         server = self._servers.get(spec.key) if reuse else None
         if server is not None and server.alive():
             self._servers.move_to_end(spec.key)
@@ -306,7 +355,7 @@ class ServerPool:
         accelerator = accelerator or self.accelerator
         devices = device_ids(accelerator, spec.env) if accelerator else []
         DEVICES.acquire(devices, f"{spec.engine} server of {_command_line()}")
-        server = Server(spec, log_path)
+        server = Server(spec, log_path, label)
         try:
             server.start(timeout_s, preferred_port)
         except BaseException:

@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,9 @@ STORE_RETRY_S = 60.0
 SYSTEM_METRICS_TAG = "telemetry.system"
 SYSTEM_METRICS_INTERVAL_S = 10.0   # MLflow's own default: CPU, memory, disk and network as system/* metrics
 SYSTEM_METRICS_FINISH_S = 2.0
+NOTE_TAG = "mlflow.note.content"              # an experiment's (or a run's) description in the MLflow UI
+OPTIONS_TAG = "specws.options_measured"       # the options the experiment's description names (ours when set)
+DESCRIBED_MODES = ("measure", "forecast")
 
 
 class StoreUnavailable(RuntimeError):
@@ -78,6 +82,7 @@ def tracked_run(client, experiment_id: str, name: str | None, tags: dict[str, st
         raise StoreUnavailable(f"the tracking store {_uri_of(client)} could not create run {name!r} "
                                f"({_brief(exc)}); nothing was started") from exc
     run = TrackedRun(client, created.info.run_id, store_retry_s=store_retry_s)
+    describe_experiment(client, experiment_id, tags)
     monitor = None if monitor_off else _start_system_metrics(client, run.id)
     try:
         if params:
@@ -96,6 +101,35 @@ def tracked_run(client, experiment_id: str, name: str | None, tags: dict[str, st
     else:
         _finish_system_metrics(monitor)
         _end(run, run.status, run.reason, strict=True)
+
+
+def describe_experiment(client, experiment_id: str, tags: dict[str, str]) -> None:
+    """The experiment's description (its `mlflow.note.content` tag): what it holds, model@site and the options
+    measured in it; written by the first run of an option it does not name yet, never over a description someone
+    else wrote, never failing the run (the offline store has no experiment tags)."""
+    option = tags.get("specws.option")
+    if not option or tags.get("specws.mode") not in DESCRIBED_MODES or not hasattr(client, "set_experiment_tag"):
+        return
+    try:
+        exp = client.get_experiment(experiment_id)
+        named = exp.tags.get(OPTIONS_TAG)
+        if (named is None and NOTE_TAG in exp.tags) or (named is not None and option in named.split(",")):
+            return
+        options = sorted({*(named.split(",") if named else []), option}, key=lambda o: (o != "baseline", o))
+        client.set_experiment_tag(experiment_id, OPTIONS_TAG, ",".join(options))
+        client.set_experiment_tag(experiment_id, NOTE_TAG, experiment_note(exp.name, tags, options))
+    except Exception as exc:  # noqa: BLE001 - a description never fails a run
+        console.print(f"[yellow]the experiment's description was not written[/]: {_brief(exc)}")
+
+
+def experiment_note(name: str, tags: dict[str, str], options: list[str]) -> str:
+    """Markdown: what the experiment holds and where to look."""
+    model, site = tags.get("specws.model", "?"), tags.get("specws.site", "?")
+    return (f"**{name}**: speculative-decoding measurements of {model} served on site {site}, each option paired "
+            f"with a baseline of the same engine, model and workload.\n\n"
+            f"Options measured: {', '.join(options)}. Each run's description starts with its verdict "
+            "(`Verdict: ...`); the `decision_*` metrics carry it per concurrency level.\n\n"
+            f"Decision report: `.venv/bin/python -m experiments.analysis.report {shlex.quote(name)}`")
 
 
 def _system_metrics_off(client) -> str | None:

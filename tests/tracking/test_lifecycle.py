@@ -12,7 +12,14 @@ from conftest import compose_cfg
 from mlflow.tracking import MlflowClient
 
 from experiments.tracking import runs
-from experiments.tracking.lifecycle import FAILURE_TAG, StoreUnavailable, pending_dir, tracked_run
+from experiments.tracking.lifecycle import (
+    FAILURE_TAG,
+    NOTE_TAG,
+    OPTIONS_TAG,
+    StoreUnavailable,
+    pending_dir,
+    tracked_run,
+)
 
 MLFLOW_BUSY_S = 20   # MLflow's `PRAGMA busy_timeout` for SQLite
 
@@ -77,3 +84,25 @@ def test_a_store_that_cannot_create_the_run_is_a_clear_error(mlflow_store) -> No
     finally:
         lock.rollback()
     assert MlflowClient(client.tracking_uri).search_runs([exp_id]) == []
+
+
+def test_the_experiment_says_what_it_holds_once_per_option_and_keeps_a_description_of_its_own(mlflow_store,
+                                                                                            tmp_path) -> None:
+    client, exp_id, _, _ = mlflow_store
+    tags = {"specws.model": "smollm2_135m", "specws.site": "local", "specws.mode": "measure"}
+    for option in ("A", "baseline", "A"):
+        with tracked_run(client, exp_id, option, tags | {"specws.option": option}):
+            pass
+    with tracked_run(client, exp_id, "report", tags | {"specws.option": "C", "specws.mode": "report"}):
+        pass   # a report names no option it measured
+    exp = client.get_experiment(exp_id)
+    note = exp.tags[NOTE_TAG]
+    assert exp.tags[OPTIONS_TAG] == "baseline,A"
+    assert note.startswith(f"**{exp.name}**: speculative-decoding measurements of smollm2_135m served on site local")
+    assert "Options measured: baseline, A." in note and "Verdict: ..." in note
+    # an experiment someone described themselves keeps its description
+    other = client.create_experiment("described", artifact_location=str(tmp_path / "described"))
+    client.set_experiment_tag(other, NOTE_TAG, "my own words")
+    with tracked_run(client, other, "A", tags | {"specws.option": "A"}):
+        pass
+    assert client.get_experiment(other).tags[NOTE_TAG] == "my own words"
