@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from experiments.analysis.forecast_run import option_digest
-from experiments.analysis.recommend_rows import choice_label
 from experiments.analysis.runs import run_config
 from experiments.analysis.stats import LOSES
+from experiments.analysis.words import config_words
 
 
 def _levels(run: Any) -> list[tuple[int, float, float, float]]:
@@ -33,8 +33,8 @@ def prior_line(run: Any) -> str:
 
 
 def forecast_prior(client: Any, exp_id: str, measured: list[Any]) -> dict[tuple[str, str], str]:
-    """(workload, configuration "A k=8") -> what its newest forecast says, for configurations forecast but not
-    measured."""
+    """(workload, configuration "A: n-gram, 8 draft tokens") -> what its newest forecast says, for configurations
+    forecast but not measured."""
     done = {option_digest(r.data.params) for r in measured}
     found = client.search_runs([exp_id], "tags.`specws.mode` = 'forecast' and attributes.status = 'FINISHED'",
                                max_results=1000, order_by=["attributes.start_time DESC"])
@@ -43,5 +43,5 @@ def forecast_prior(client: Any, exp_id: str, measured: list[Any]) -> dict[tuple[
         if option_digest(run.data.params) in done or not _levels(run):
             continue
         config = run_config(run)
-        out.setdefault((config.workload or "?", choice_label(config)), prior_line(run))
+        out.setdefault((config.workload or "?", config_words(config)), prior_line(run))
     return out

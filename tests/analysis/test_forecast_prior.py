@@ -33,7 +33,7 @@ def test_ruled_out_skipped_open_named_measured_left_alone(tmp_path) -> None:
     log_forecast(client, exp, 4, {1: (1.5, 1.3, 1.7, "pays")})
     measured = log_forecast(client, exp, 4, {}, mode="measure")
     prior = forecast_prior(client, exp, [measured])
-    assert set(prior) == {("quick", "A k=8"), ("quick", "A k=2")}
-    assert prior[("quick", "A k=8")].startswith("skipped: the forecast rules it out")
-    open_line = prior[("quick", "A k=2")]
+    assert set(prior) == {("quick", "A: n-gram, 8 draft tokens"), ("quick", "A: n-gram, 2 draft tokens")}
+    assert prior[("quick", "A: n-gram, 8 draft tokens")].startswith("skipped: the forecast rules it out")
+    open_line = prior[("quick", "A: n-gram, 2 draft tokens")]
     assert open_line.startswith("not measured") and "c=1 inconclusive" in open_line and "+option=A" in open_line
