@@ -402,9 +402,12 @@ class WorkloadRunner:
 
 
 def level_progress() -> Progress:
-    # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    refresh_per_second=2)
+    # rich redraws from its own thread; at 2 Hz its GIL time stays out of the measured arrival times. Into a log
+    # (not a terminal) no bar: the verdict block is what the log ends with
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), refresh_per_second=2)
+    progress.disable = not progress.console.is_terminal
+    return progress
 
 
 def interleaved_order(level_index: int, rep: int, repetitions: int) -> tuple[int, int]:

@@ -100,7 +100,7 @@ class Arm:
         self.adapter = adapter_for(target.engine)
         self.log_path = m.records_path.parent / f"server-{_server_key(target)}.log"
         self.server = self.runner = self.watch = None
-        m.option = v.option
+        m.option, m.workload = v.option, v.workload.name
         m.telemetry = self.telemetry = LevelTelemetry.open(_visible_gpus(target))
         m.tags[TELEMETRY_TAG] = self.telemetry.status
 

@@ -32,7 +32,7 @@ from experiments.tracking.export import Measurement, export, export_inputs
 from experiments.tracking.lifecycle import TrackedRun
 from experiments.tracking.redact import redact_text
 from experiments.tracking.runs import open_run, setup
-from experiments.tracking.store import flatten, host_fingerprint, log_prompt_dataset
+from experiments.tracking.store import flatten, host_fingerprint, log_prompt_dataset, measured_digest
 from experiments.tracking.uploads import Uploads
 
 # After each measured run, inside its lifecycle: analysis the entry point hands in (the harness never imports
@@ -291,8 +291,11 @@ def _log_workload(client, uploads: Uploads, run_id: str, cfg: DictConfig, prepar
     uploads.dict(prepared.plan.describe(), "workload_plan.json")
     rows = [{"id": c.id, "category": c.category, "turns": c.num_turns, "source": c.source,
              "text": (c.raw_prompt or "\n---\n".join(c.user_turns))[:2000]} for c in prepared.conversations]
+    measured = prepared.measured_ids()
+    client.set_tag(run_id, "specws.measured_digest", measured_digest(rows, measured))
     uploads.write("prompt_set.json", lambda: log_prompt_dataset(client, run_id, str(cfg.workload.name),
-                                                                str(cfg.workload.prompt_set), rows, prepared.digest))
+                                                                str(cfg.workload.prompt_set), rows, prepared.digest,
+                                                                measured))
 
 
 def out_dir() -> Path:

@@ -28,7 +28,8 @@ class SweepCallback(Callback):
     """The parent run lives from the first job to the last; a failed job fails it, a sweep that ends without
     reaching on_multirun_end (Ctrl-C, crash) leaves it KILLED, or FAILED when a job had failed."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: str | None = None) -> None:
+        self.on_end = on_end   # dotted name of `f(client, parent_run_id)`, run when the sweep ends (its verdict)
         self.parent: TrackedRun | None = None
         self._run_cm = None
         self.failed_jobs = 0
@@ -89,6 +90,9 @@ class SweepCallback(Callback):
             [self.client.get_run(self.parent.id).info.experiment_id],
             filter_string=f"tags.`mlflow.parentRunId` = '{self.parent.id}'")
         self._log_sweep(children)
+        if self.on_end:
+            from hydra.utils import get_method
+            get_method(self.on_end)(self.client, self.parent.id)
         failed = [r for r in children if r.info.status != "FINISHED"]
         self.client.set_tag(self.parent.id, "specws.children", str(len(children)))
         if failed or self.failed_jobs:   # a job elsewhere counts its failure in its own process: read the runs

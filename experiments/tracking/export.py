@@ -24,6 +24,7 @@ class Measurement:
     """What one measured run saw, filled in as it goes (a failed run hands over what it has)."""
     records_path: Path
     option: str = ""
+    workload: str = ""
     tags: dict[str, str] = field(default_factory=dict)          # the server: reused, port, pid / url, instance
     limits: dict[str, Any] | None = None                        # read back from the server
     summary: Any = None                                         # harness.summary.Summary
@@ -108,5 +109,6 @@ def _log_plots(uploads: Uploads, m: Measurement) -> None:
         uploads.figure(lambda: plots.acceptance_figure(summary.acceptance), "plots/acceptance.png")
         uploads.dict(asdict(summary.acceptance), "acceptance.json")
     tok_s = {c: lv["output_tok_s"] for c, lv in summary.per_level.items()}
-    uploads.figure(lambda: plots.throughput_vs_concurrency(tok_s, m.baseline_tok_s, m.option),
-                   "plots/throughput_vs_concurrency.png")
+    prompts = {c: int(lv.get("requests", 0)) for c, lv in summary.per_level.items()}
+    uploads.figure(lambda: plots.throughput_vs_concurrency(tok_s, m.baseline_tok_s, m.option, m.workload or None,
+                                                           prompts), "plots/throughput_vs_concurrency.png")

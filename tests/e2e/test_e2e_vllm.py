@@ -85,6 +85,9 @@ def test_sweep_makes_parent_and_children_with_acceptance_and_speedup(sweep) -> N
     assert parent.data.tags["specws.swept_param"] == "spec.num_draft_tokens"
     client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
     assert "plots/sweep.png" in [a.path for a in client.list_artifacts(parent.info.run_id, "plots")]
+    # the sweep ends by stating its verdict, on the console and as the parent's description
+    assert parent.data.tags["mlflow.note.content"].startswith("Verdict: sweep of A over spec.num_draft_tokens")
+    assert "Verdict: sweep of A" in out.stdout + out.stderr
     for run in children:
         m = run.data.metrics
         assert run.info.status == "FINISHED"

@@ -62,7 +62,7 @@ def test_specbench_and_sharegpt_measured_with_categories_and_intervals(measured)
         assert m["cat/all/speedup_c1_low"] <= m["cat/all/speedup_c1"] <= m["cat/all/speedup_c1_high"]
         assert run.data.tags["specws.contamination"].startswith("clean")
         assert run.inputs.dataset_inputs, "the prompt set is logged as an MLflow dataset"
-        assert run.inputs.dataset_inputs[0].dataset.digest == run.data.tags["specws.prompts_digest"][:36]
+        assert run.inputs.dataset_inputs[0].dataset.digest == run.data.tags["specws.measured_digest"][:36]
     for cat in CATEGORIES:
         assert f"cat/{cat}/accept_length_c1" in spec.data.metrics
     assert "cat/conversation/speedup_c2" in share.data.metrics

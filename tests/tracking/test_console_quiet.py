@@ -113,3 +113,17 @@ def test_a_starting_server_says_how_long_and_in_which_phase(tmp_path: Path, caps
         server.proc.wait()
     beats = [line for line in capsys.readouterr().err.splitlines() if line.startswith("A: vllm starting, ")]
     assert len(beats) >= 2 and all(line.endswith(" s: loading weights") for line in beats)
+
+
+def test_no_level_progress_bar_into_a_log() -> None:
+    """A level's progress bar is drawn on a terminal only: into a pipe (a log, CI) nothing of it is written."""
+    script = textwrap.dedent("""
+        from experiments.harness.client import level_progress
+        with level_progress() as progress:
+            task = progress.add_task("A concurrency 1", total=2)
+            progress.advance(task, 2)
+        print("after the level")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "after the level" and "━" not in done.stdout + done.stderr

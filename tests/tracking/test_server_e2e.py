@@ -112,7 +112,7 @@ def test_records_server_logs_and_datasets_arrive_through_the_server(two_runners,
         (log,) = client.list_artifacts(run_id, "server")
         assert log.path.endswith(".log") and log.file_size > 0
         (dataset,) = client.get_run(run_id).inputs.dataset_inputs
-        assert dataset.dataset.digest == run.data.tags["specws.prompts_digest"][:36]
+        assert dataset.dataset.digest == run.data.tags["specws.measured_digest"][:36]
 
 
 def test_the_export_reads_the_runs_and_records_back_through_the_server(two_runners, team, tmp_path) -> None:
