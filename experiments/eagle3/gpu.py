@@ -7,12 +7,17 @@ layouts, bf16, every file < 16 MiB). Needs only torch, transformers, safetensors
 writes <out>/smollm2_135m-gpu/{config.json,model.safetensors,specws_eagle3.json}, the SGLang copy
 <out>/smollm2_135m-gpu-sglang/, and <out>/gpu_run.log (the answers are cached in --work). Prompts come from
 the template corpus in data.py (seeded), so nothing is downloaded. It runs on the CPU too (tiny settings, for the test).
+Beside the weights: train_curve.jsonl (one line per logged value: train/loss, train/lr, train/acc_k every step,
+val/acc_k, val/loss_k and val/accept_length_est* every --eval-every steps; the names option D's D-train run logs to
+MLflow). --train-fraction trains on a seeded share of the training conversations of the same (cached) answers,
+validated on the same held-out ones: a second data size for the offline curve without regenerating anything.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +35,37 @@ def _progress_to(log_file, t_start: float) -> Callable[[str], None]:
         log_file.flush()
 
     return progress
+
+
+def _curve_to(path: Path) -> tuple[Callable[[str, float, int], None], Callable[[], None]]:
+    """The trainer's `log` callback, writing one JSON line per value (name, value, step) to `path`, and its
+    closer: the loss curve and the held-out per-position accuracy, to be logged to MLflow where MLflow is."""
+    f = path.open("w")
+
+    def log(name: str, value: float, step: int) -> None:
+        f.write(json.dumps({"name": name, "value": float(value), "step": int(step)}) + "\n")
+
+    return log, f.close
+
+
+def conversation_of(row: dict) -> str:
+    """The conversation a regenerated row belongs to (rows are `<conversation id>/t<turn>`)."""
+    return str(row["id"]).rsplit("/", 1)[0]
+
+
+def keep_training_share(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], dict]:
+    """A seeded `fraction` of the training conversations (whole conversations, every turn), and every held-out
+    row (kind `*/val`): the rows, and what was kept. Shares of one seed are nested (a quarter lies inside a half)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--train-fraction must be in (0, 1], got {fraction}")
+    train = sorted({conversation_of(r) for r in rows if not str(r["kind"]).endswith("/val")})
+    order = list(train)
+    random.Random(f"train-fraction/{seed}").shuffle(order)
+    keep = set(order[: max(1, round(fraction * len(order)))]) if train else set()
+    kept = [r for r in rows if str(r["kind"]).endswith("/val") or conversation_of(r) in keep]
+    return kept, {"train_fraction": fraction, "train_conversations": len(keep), "of_train_conversations": len(train),
+                  "train_rows": sum(not str(r["kind"]).endswith("/val") for r in kept), "of_train_rows": sum(
+                      not str(r["kind"]).endswith("/val") for r in rows)}
 
 
 def _features_and_target_weights(a: argparse.Namespace, rows: list[dict], aux_layer_ids, device: str,
@@ -99,6 +135,9 @@ def _sharegpt_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-turns", type=int, default=4, help="user turns answered per conversation")
     g.add_argument("--max-context-tokens", type=int, default=2048, help="a conversation stops at a longer request")
     g.add_argument("--num-conversations", type=int, default=None, help="training conversations (default: all)")
+    g.add_argument("--train-fraction", type=float, default=1.0,
+                   help="train on this seeded share of the training conversations (whole ones; every held-out one "
+                   "stays): with the other data flags unchanged the answers come from the cache (--work)")
     g.add_argument("--val-fraction", type=float, default=0.02, help="conversations held out for validation")
     g.add_argument("--sharegpt-seeds", type=int, nargs="*", default=[0, 1, 2],
                    help="workload=sharegpt seeds whose samples are excluded")
@@ -133,17 +172,33 @@ def run(a: argparse.Namespace) -> dict:
     ds = _data_settings(a, device)
     rows_path = ds.build(progress)
     rows = load_rows(rows_path)
+    share = None
+    if a.train_fraction != 1.0:
+        if a.data != "sharegpt":
+            raise SystemExit("--train-fraction needs --data sharegpt (its held-out conversations are marked)")
+        rows, share = keep_training_share(rows, a.train_fraction, a.seed)
+        progress(f"train fraction {a.train_fraction}: {share['train_conversations']} of "
+                 f"{share['of_train_conversations']} training conversations ({share['train_rows']} of "
+                 f"{share['of_train_rows']} turns), every held-out one")
     t_data = time.time() - t_start
     feats, embed, lm_head_w, final_norm = _features_and_target_weights(a, rows, cfg.aux_layer_ids, device, progress)
     progress(f"features: {feats.ids.numel()} tokens of {feats.num_sequences} sequences")
     s = TrainSettings(ttt_steps=a.ttt_steps, draft_vocab_size=cfg.draft_vocab_size, learning_rate=a.lr,
                       steps=a.steps, time_budget_s=a.minutes * 60, batch_tokens=a.batch_tokens, seed=a.seed,
                       eval_every=a.eval_every, warmup_steps=a.warmup_steps, device=device)
-    head, metrics = train(feats, cfg, embed, lm_head_w, final_norm, s, None, progress)
+    curve_path = out / f"{a.name}.train_curve.jsonl"
+    log, close_curve = _curve_to(curve_path)
+    try:
+        head, metrics = train(feats, cfg, embed, lm_head_w, final_norm, s, log, progress)
+    finally:
+        close_curve()
+    if share is not None:
+        metrics["train_share"] = share
     if a.eval_sets:
         metrics["prompt_sets"] = _evaluate_prompt_sets(head, a, device, progress)
     head.cpu()
     paths = _export_checked(head, out / a.name)
+    curve_path.replace(paths["vllm"] / "train_curve.jsonl")
     if a.data == "sharegpt":
         from experiments.eagle3.sharegpt_data import copy_data_manifest
 
@@ -152,7 +207,7 @@ def run(a: argparse.Namespace) -> dict:
     metrics.update(data_seconds=t_data, total_seconds=time.time() - t_start, data=a.data, data_key=ds.key(),
                    aux_layer_ids=list(cfg.aux_layer_ids), target=str(a.model), device=device,
                    num_prompts=a.num_prompts, synthetic_prompts=a.synthetic_prompts, max_new_tokens=a.max_new_tokens,
-                   exported={k: str(v) for k, v in paths.items()})
+                   exported={k: str(v) for k, v in paths.items()}, argv=list(getattr(a, "argv", [])))
     Path(paths["vllm"], "specws_eagle3.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     accs = " / ".join(f"{metrics[f'val_acc_{k}']:.3f}" for k in range(a.ttt_steps))
     est3 = metrics.get("val_accept_length_est_3", metrics["val_accept_length_est"])
@@ -162,7 +217,7 @@ def run(a: argparse.Namespace) -> dict:
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.eagle3.gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, required=True, help="target model folder (transformers layout)")
@@ -190,7 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-vocab-size", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     _sharegpt_arguments(p)
-    run(p.parse_args(argv))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
+    run(a)
     return 0
 
 
