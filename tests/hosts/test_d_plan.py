@@ -49,6 +49,7 @@ def test_the_second_data_size_reuses_the_served_heads_answers(tmp_path: Path) ->
     full, q25 = trainer_args(steps["train"]), trainer_args(steps["q25"])
     assert (full.data, full.regen, full.num_conversations, full.train_fraction) == ("sharegpt", "sglang", None, 1.0)
     assert full.eval_sets == [] and full.minutes == 3 and full.eval_every == 200 and full.name == "smollm2_135m-gpu"
+    assert (full.max_turns, full.max_context_tokens, full.max_new_tokens, full.batch_tokens) == (4, 1536, 192, 32768)
     assert (q25.train_fraction, q25.name, q25.minutes, q25.steps) == (0.25, "smollm2_135m-gpu-q25", 3.5, 1234)
     assert _data_settings(q25, "cuda").key() == _data_settings(full, "cuda").key()
     for name in ("B-new", "B-committed", "t07-new", "t07-committed"):
