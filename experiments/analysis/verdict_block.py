@@ -20,9 +20,11 @@ from rich.console import Console
 
 from experiments.analysis.runs import run_config
 from experiments.analysis.slo import BREAKS_SLO, CONTAMINATED
-from experiments.analysis.stats import LOSES, PAYS, UNCLEAR
+from experiments.analysis.speedup.forecast import verdict_of
+from experiments.analysis.stats import LOSES, PAYS
 from experiments.analysis.words import MIN_PROMPTS, few_prompts, levels_words, option_words
 from experiments.config.paths import ROOT
+from experiments.harness.sweep import swept_param as sweep_varying
 from experiments.tracking.redact import redact_text
 
 NOTE_TAG = "mlflow.note.content"
@@ -161,7 +163,7 @@ def forecast_line(levels: list[Level], run_id: str | None) -> str | None:
     parts = []
     for lv in made:
         est, low, high = lv.forecast
-        said = PAYS if low > 1.0 else LOSES if high < 1.0 else UNCLEAR
+        said = verdict_of(low, high)
         held = "" if lv.covered is None else (", the measurement inside its interval" if lv.covered
                                              else ", the measurement outside its interval")
         parts.append(f"c={lv.c} {est:.2f}x {_interval(low, high)} {said}{held}")
@@ -264,11 +266,10 @@ def log_verdict_block(client: Any, run_id: str, baseline: Any, engine: str) -> N
 # ---------------------------------------------------------------- a sweep's parent
 
 def swept_param(params: list[dict[str, str]], overrides: str = "") -> str | None:
-    """The parameter that differs between children (spec. and workload. first), else the first swept override."""
-    varying = sorted((k for k in params[0] if len({p.get(k) for p in params}) > 1 and not k.startswith("run.")),
-                     key=lambda k: (not k.startswith(("spec.", "workload.")), k)) if len(params) > 1 else []
+    """The parameter that differs between children (the sweep's own rule), else the first swept override."""
+    varying = sweep_varying(params)
     if varying:
-        return varying[0]
+        return varying
     swept = [o.split("=", 1)[0].lstrip("+~") for o in overrides.split() if "," in o.partition("=")[2]]
     return swept[0] if swept else None
 

@@ -84,7 +84,6 @@ def redact_logs() -> None:
     """Every log record made from now on is redacted (message, arguments, traceback), and MLflow prints no run
     URL; idempotent. Safe inside a test process: it changes no stream."""
     os.environ[SUPPRESS_RUN_URL_ENV] = "true"
-    os.environ.setdefault(PROGRESS_BAR_ENV, "false")
     make = logging.getLogRecordFactory()
     if not getattr(make, "redacting", False):
         logging.setLogRecordFactory(_redacting_factory(make))
@@ -102,8 +101,8 @@ def guard_console() -> None:
 def quiet_console(verbose: bool = False) -> None:
     """No MLflow progress bars, no wrapping at 80 columns off a terminal (every rich console loaded so far), and
     log records below WARNING to the log files only, unless `verbose`; again at each job (Hydra sets its handlers
-    per job). Hydra's own lines (a sweep's job list) stay on the console."""
-    os.environ.setdefault(PROGRESS_BAR_ENV, "false")
+    per job). Hydra's own lines (a sweep's job list) stay on the console. (MLflow's progress bar is off from this
+    module's import.)"""
     widen_consoles()
     quiet_logs(verbose)
 

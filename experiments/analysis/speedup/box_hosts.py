@@ -5,7 +5,7 @@ Per lease (one leased host) and option, the fixed cost per speculative step that
 unit="ms")` fits in the CUDA-graph regime over that lease's baselines and that option's runs alone: n-gram (A)
 `over_ms`; EAGLE-3 (B, E) `eagle_over_ms` + 3 `draft_ms` (3 draft steps, as the box's B; verification's growth folded
 into its own per-sequence term: the leases' n-gram fits are left out, h200b's b_tok of 0.57 ms from four points would
-turn its EAGLE-3 excess negative). Step time as stepcost measures it (PAUSE_FACTOR below).
+turn its EAGLE-3 excess negative). Step time as stepcost measures it (`mean_step_ms`: every chunk interval counted).
 `decode_ms`: the host's baseline decode step at c = 1, the mean of the baselines paired with the fitted runs (not the
 fit's decode(1): Kimi lease 2's includes a Triton-forced baseline that no speculative run pairs with).
 `head_read_ms`: the time the EAGLE-3 head's weights take to read per step on that GPU (3 forwards of its layer and LM
@@ -60,9 +60,8 @@ class HostFit:
         return f"docs/journal/{self.lease}/runs.tar.xz"
 
 
-# written by main() from the stores; the run ids are the stores' own. Step time: stepcost.steady_step_ms,
-# which at this PAUSE_FACTOR counts every chunk interval (other requests' prefill pauses included)
-PAUSE_FACTOR = 1e+09   # stepcost's, when HOSTS was measured
+# written by main() from the stores; the run ids are the stores' own. Step time: stepcost.mean_step_ms, every chunk
+# interval counted (other requests' prefill pauses included)
 HOSTS: tuple[HostFit, ...] = (
     HostFit("2026-11-30-h200b", "H200", "smollm2_135m", "A", 1.027, 0.0, 1.803, (0.0, 0.0), ("4578d2dc", "e1716910"),
             (1, 4), (), 0.746),
@@ -225,8 +224,7 @@ def measure(journal: Path) -> list[HostFit]:
 
 def source_lines(rows: list[HostFit]) -> list[str]:
     """HOSTS as this module holds it, to paste."""
-    from experiments.analysis.speedup.stepcost import PAUSE_FACTOR
-    out = [f"PAUSE_FACTOR = {PAUSE_FACTOR:g}   # stepcost's, when HOSTS was measured", "HOSTS: tuple[HostFit, ...] = ("]
+    out = ["HOSTS: tuple[HostFit, ...] = ("]
     for h in rows:
         line = (f'HostFit("{h.lease}", "{h.gpu}", "{h.model}", "{h.option}", {h.over_ms}, {h.over_seq_ms}, '
                 f'{h.decode_ms}, {h.head_read_ms}, {h.runs}, {h.levels}, {h.unseparated}, {h.residual}),')

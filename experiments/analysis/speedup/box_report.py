@@ -96,11 +96,9 @@ SENSITIVITY_HEAD = (
 
 def host_table() -> list[str]:
     ngram, eagle = (bt.TERMS[n] for n in ("ngram_overhead_ms", "eagle3_overhead_ms"))
-    pauses = "every chunk interval counted" if box_hosts.PAUSE_FACTOR > 1e6 else \
-        f"intervals over {box_hosts.PAUSE_FACTOR:g} medians left out"
     return ["## Host overhead: SGLang's fixed cost per speculative step, fitted per lease (experiments/analysis/"
             "speedup/box_hosts.py, graphs regime, ms; engine's own: less the EAGLE-3 head's weights read; step time: "
-            f"stepcost's, {pauses})",
+            "stepcost's, every chunk interval counted)",
             *box_hosts.markdown(), "",
             f"carried to the box in ms as `host` (the box's own CPU never ran it): ngram_overhead_ms "
             f"{_fmt(ngram.low)}-{_fmt(ngram.high)} (mid {_fmt(ngram.mid)}), eagle3_overhead_ms "

@@ -26,7 +26,7 @@ from experiments.analysis.speedup.model import (
     levels_of,
     predict_run,
 )
-from experiments.analysis.speedup.stepcost import nonneg_lstsq, steady_step_ms
+from experiments.analysis.speedup.stepcost import mean_step_ms, nonneg_lstsq
 from experiments.tracking.records import run_records
 
 PAUSE_SHARE = 0.10   # a level whose longest pause is this share of its wall time is flagged (warm-up stall)
@@ -67,7 +67,7 @@ class StepPoint:
     method: str          # none | ngram | eagle3
     verified: float      # tokens verified per sequence and step (baseline 1, SGLang speculation num_draft_tokens)
     draft_steps: int     # draft-model forwards per step (EAGLE-3 num_steps, else 0)
-    step_ms: dict[int, float]                                 # per level: steady-state step time
+    step_ms: dict[int, float]                                 # per level: mean step time (pauses included)
     max_c: int | None = None                                  # CUDA-graph batch limit it ran with
     pauses: dict[int, float] = field(default_factory=dict)   # per level: longest TTFT or chunk gap, s
     base_step_ms: dict[int, float] = field(default_factory=dict)  # its paired baseline's step time per level
@@ -131,7 +131,7 @@ def sglang_step_points(client, runs) -> dict[str, StepPoint]:
             intervals = [b - a for a, b in zip(t, t[1:], strict=False)]
             gaps.setdefault(c, []).extend(intervals)
             pauses[c] = max(pauses.get(c, 0.0), r.get("ttft_s") or 0.0, *intervals)
-        steps = {c: steady_step_ms(np.asarray(g)) for c, g in gaps.items() if len(g) >= 20}
+        steps = {c: mean_step_ms(np.asarray(g)) for c, g in gaps.items() if len(g) >= 20}
         if steps:
             draft_steps = (config.spec.num_steps or 0) if method == "eagle3" else 0
             out[run.info.run_id] = StepPoint(run.info.run_id, method, verified, draft_steps, steps,

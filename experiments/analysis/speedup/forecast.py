@@ -23,8 +23,10 @@ from experiments.analysis.runs import RunConfig
 from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
 from experiments.analysis.speedup.stepcost import (
     MIN_GAPS,
+    RegimeCost,
     StepCostProfile,
-    steady_step_ms,
+    chunk_gaps,
+    mean_step_ms,
     verify_width,
 )
 from experiments.analysis.stats import LOSES, PAYS, UNCLEAR
@@ -100,17 +102,21 @@ def verified_per_step(option: RunConfig, steps: RequestSteps) -> float:
     return width
 
 
-def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray, base_step_ms: float | None
-            ) -> tuple[np.ndarray, str, str]:
-    """Excess step time (s) per request at level c, the regime's name and a flag."""
+def level_regime(profile: StepCostProfile, option: RunConfig, c: int) -> tuple[str, RegimeCost, str]:
+    """The regime level c runs in under the option's graph limit, its terms (another regime's where that one was
+    never probed) and a flag saying so."""
     name, regime = profile.regime(c, option.graph_batch_limit)
-    flag = ""
-    if regime is None:
-        other = next((n for n in ("graphs", "all", "eager") if n in profile.regimes), None)
-        if other is None:
-            raise ForecastUnavailable("the step-cost profile has no regime")
-        regime = profile.regimes[other]
-        flag = f"c{c}: the {name} regime was never probed, {other}-regime terms used"
+    if regime is not None:
+        return name, regime, ""
+    other = next((n for n in ("graphs", "all", "eager") if n in profile.regimes), None)
+    if other is None:
+        raise ForecastUnavailable("the step-cost profile has no regime")
+    return name, profile.regimes[other], f"c{c}: the {name} regime was never probed, {other}-regime terms used"
+
+
+def _excess(name: str, regime: RegimeCost, option: RunConfig, c: int, qs: np.ndarray,
+            base_step_ms: float | None) -> np.ndarray:
+    """Excess step time (s) per request at level c under the level's regime (`name` for the messages)."""
     draft_steps = int(option.spec.num_steps or 0) if option.spec.method == "eagle3" else 0
     values = [regime.excess(option.spec.method, c, float(q), draft_steps) for q in qs]
     if any(v is None for v in values):
@@ -122,7 +128,7 @@ def _excess(profile: StepCostProfile, option: RunConfig, c: int, qs: np.ndarray,
         raise ForecastUnavailable(f"c{c}: the baseline streamed too few chunks to measure its decode step")
     else:
         unit_ms = base_step_ms
-    return np.asarray(values, float) * unit_ms / 1000.0, name, flag
+    return np.asarray(values, float) * unit_ms / 1000.0
 
 
 def forecast_group(rows: list[dict], steps: list[RequestSteps], option: RunConfig, profile: StepCostProfile,
@@ -133,36 +139,27 @@ def forecast_group(rows: list[dict], steps: list[RequestSteps], option: RunConfi
     s = np.where(n > 1, (e2e - ttft) / np.maximum(n - 1, 1), 0.0)
     big_s = np.array([st.steps for st in steps], float)
     qs = np.array([verified_per_step(option, st) for st in steps], float)
-    x, regime, flag = _excess(profile, option, c, qs, base_step_ms)
-    ttft = ttft * _ttft_ratio(profile, option, c)
+    name, regime, flag = level_regime(profile, option, c)
+    x = _excess(name, regime, option, c, qs, base_step_ms)
+    ttft = ttft * regime.ttft_ratio.get(option.spec.method, 1.0)
     e2e_opt = ttft + big_s * (s + x)
     estimate = float(e2e.sum() / e2e_opt.sum())
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(rows), size=(N_BOOT, len(rows)))
-    noise = np.exp(rng.normal(0.0, np.log1p(_residual(profile, option, c)), size=(N_BOOT, 1)))
+    residual = max(regime.residual_rel, regime.host_residual_rel)
+    noise = np.exp(rng.normal(0.0, np.log1p(residual), size=(N_BOOT, 1)))
     boot_opt = ttft[idx] + big_s[idx] * (s[idx] + x[idx]) * noise
     boots = e2e[idx].sum(1) / boot_opt.sum(1)
     lo, hi = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
     decode = np.array([st.decode_tokens for st in steps], float)
     return LevelForecast(c, category, estimate, lo, hi, verdict_of(lo, hi), float(decode.sum() / big_s.sum()),
-                         float(qs.mean()), regime, len(rows), flag=flag)
-
-
-def _ttft_ratio(profile: StepCostProfile, option: RunConfig, c: int) -> float:
-    regime = profile.regime(c, option.graph_batch_limit)[1] or next(iter(profile.regimes.values()))
-    return regime.ttft_ratio.get(option.spec.method, 1.0)
-
-
-def _residual(profile: StepCostProfile, option: RunConfig, c: int) -> float:
-    regime = profile.regime(c, option.graph_batch_limit)[1] or next(iter(profile.regimes.values()))
-    return max(regime.residual_rel, regime.host_residual_rel)
+                         float(qs.mean()), name, len(rows), flag=flag)
 
 
 def baseline_step_ms(rows: list[dict]) -> float | None:
-    """The baseline's steady decode step at one level (ms) from its streamed chunks; None with too few."""
-    gaps = [b - a for r in rows for a, b in zip(r.get("chunk_times_s") or [], (r.get("chunk_times_s") or [])[1:],
-                                                strict=False)]
-    return steady_step_ms(np.asarray(gaps)) if len(gaps) >= MIN_GAPS else None
+    """The baseline's decode step at one level (ms) from its streamed chunks; None with too few."""
+    gaps = [g for r in rows for g in chunk_gaps(r)]
+    return mean_step_ms(np.asarray(gaps)) if len(gaps) >= MIN_GAPS else None
 
 
 def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: list[RequestSteps],

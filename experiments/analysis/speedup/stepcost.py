@@ -8,7 +8,8 @@ assumed. Read from finished runs' records (one streamed chunk per engine step), 
 The excess terms are fitted in one of two units: `base` (the default), fractions of the paired baseline's own decode
 step at the same level, so that a profile carries from one host to another as the host's baseline moves; or `ms`,
 absolute milliseconds, true only on the host state that measured them. The decode terms stay in ms: they say which
-baseline speeds the profile has seen (`host_range`), and a forecast on a host outside that range predicts nothing.
+baseline speeds each host (lease) of the profile ran at; a forecast uses the hosts near its own baseline
+(`StepCostProfile.nearest_hosts`) and predicts nothing where none is.
 
 q: tokens verified per sequence and step (SGLang: its whole tree, fixed; vLLM: 1 + the drafted tokens, from the
 counters per level). The regimes: `graphs` (c at or below the engine's CUDA-graph batch limit), `eager` (above it)
@@ -34,7 +35,6 @@ PROFILES_ENV = "SPECWS_STEP_COSTS"   # another folder of profiles (a team's shar
 UNITS = ("base", "ms")
 HOST_TOLERANCE = 1.5   # a baseline this much faster or slower than any the profile saw is on a host outside it
 MIN_GAPS = 20          # chunk intervals a level needs before its step time counts
-PAUSE_FACTOR = 1e9    # no interval is left out: the pauses for other requests' prefill are part of what a step costs
 
 
 class ProfileMissing(LookupError):
@@ -87,9 +87,16 @@ class LevelStep:
         return None if self.base_step_ms is None else self.step_ms - self.base_step_ms
 
 
-def steady_step_ms(gaps: np.ndarray) -> float:
-    """Mean streamed-chunk interval, leaving out pauses longer than PAUSE_FACTOR medians."""
-    return float(1000.0 * gaps[gaps < PAUSE_FACTOR * np.median(gaps)].mean())
+def mean_step_ms(gaps: np.ndarray) -> float:
+    """Mean streamed-chunk interval (ms), every interval counted: the pauses for other requests' prefill are part of
+    what a step costs a request that lives through them."""
+    return float(1000.0 * gaps.mean())
+
+
+def chunk_gaps(record: dict) -> list[float]:
+    """The intervals (s) between a record's streamed chunks."""
+    t = record.get("chunk_times_s") or []
+    return [b - a for a, b in zip(t, t[1:], strict=False)]
 
 
 def regime_of(c: int, cap: int | None) -> str:
@@ -123,9 +130,9 @@ def run_level_steps(client, run, lease: str = "") -> list[LevelStep]:
     gaps: dict[int, list[float]] = {}
     ttfts: dict[int, list[float]] = {}
     for r in run_records(client, run.info.run_id) or []:
-        c, t = r.get("concurrency"), r.get("chunk_times_s") or []
+        c = r.get("concurrency")
         if c and not r.get("error"):
-            gaps.setdefault(int(c), []).extend(b - a for a, b in zip(t, t[1:], strict=False))
+            gaps.setdefault(int(c), []).extend(chunk_gaps(r))
             if r.get("ttft_s"):
                 ttfts.setdefault(int(c), []).append(1000.0 * r["ttft_s"])
     cap = config.graph_batch_limit
@@ -135,7 +142,7 @@ def run_level_steps(client, run, lease: str = "") -> list[LevelStep]:
         q = verified_at(config, run.data.metrics, c)
         if len(g) >= MIN_GAPS and q is not None:
             out.append(LevelStep(run.info.run_id, lease, config.spec.method, c, q, draft_steps,
-                                 steady_step_ms(np.asarray(g)), regime_of(c, cap),
+                                 mean_step_ms(np.asarray(g)), regime_of(c, cap),
                                  ttft_ms=float(np.mean(ttfts[c])) if ttfts.get(c) else None))
     return out
 
@@ -168,7 +175,7 @@ class RegimeCost:
     residual_rel: float = 0.0      # RMS of (fitted - measured) / measured speculative step, over the fitted points
     points: list[dict] = field(default_factory=list)
     unit: str = "ms"               # of the excess terms: ms, or `base` (fractions of the baseline's decode step)
-    host_range: list[float] | None = None   # measured baseline step / fitted decode(c), lowest and highest seen
+    host_range: list[float] | None = None   # measured baseline step / fitted decode(c), lowest and highest (shown)
     unseparated: list[str] = field(default_factory=list)   # terms the runs could not tell apart (set from others)
     ttft_ratio: dict[str, float] = field(default_factory=dict)   # per method: its TTFT over the paired baseline's
     host_residual_rel: float = 0.0   # the same RMS on each host under terms fitted on the others (a host never seen)

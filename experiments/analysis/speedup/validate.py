@@ -115,7 +115,6 @@ def contamination(client, run, records: list[dict]) -> str:
 
 
 VARIANTS = (("base", "other leases"), ("ms", "other leases"), ("base", "same lease"), ("ms", "same lease"))
-MAIN = VARIANTS[0]
 
 
 def validation_rows(all_leases: list[Lease]) -> tuple[list[dict], list[dict]]:
