@@ -3,11 +3,13 @@ the Kimi miniature's leases 2 and 3 on the H200 (SGLang 0.5.14, NGRAM and EAGLE-
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
 import shutil
 from pathlib import Path
 
 from experiments.analysis.speedup import validate
+from experiments.analysis.speedup.stepcost import level_steps
 from experiments.analysis.speedup.validate import BEGIN, END, leases, main, summary, validation_rows, write_generated
 from experiments.config.paths import ROOT
 
@@ -67,3 +69,13 @@ def test_the_command_keeps_the_hand_written_text(tmp_path, monkeypatch, capsys) 
     assert "| baseline steps | other leases |" in text and "| ms | same lease |" in text
     write_generated(doc, ["new"])
     assert doc.read_text().count(BEGIN) == 1 and "\nnew\n" in doc.read_text()
+
+
+def test_saved_profiles_keep_every_level_of_every_run(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECWS_CACHE", str(tmp_path / "cache"))
+    found = leases(journal(tmp_path))
+    (path,) = validate.save_all_profiles(found, tmp_path / "profiles")
+    points = [p for r in json.loads(path.read_text())["regimes"].values() for p in r["points"]]
+    measured = {(s.run_id, s.c) for lz in found for s in level_steps(lz.client, lz.runs, lz.name)}
+    assert {(p["run_id"], p["c"]) for p in points} == measured
+    assert len({p["c"] for p in points}) > 1          # the levels of one run are not folded into its last one

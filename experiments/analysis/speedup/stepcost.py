@@ -344,7 +344,7 @@ class StepCostProfile:
                 out[lease] = float(ts[cs == c].mean())
                 continue
             a, b = (float(ts.mean()), 0.0) if len(set(cs)) == 1 else tuple(np.polyfit(cs, ts, 1)[::-1])
-            out[lease] = max(a + b * c, 1e-9)
+            out[lease] = max(float(a + b * c), 1e-9)
         return out
 
     def nearest_hosts(self, c: int, step_ms: float, cap: int | None = None) -> tuple[StepCostProfile | None, str]:

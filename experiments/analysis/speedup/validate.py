@@ -27,7 +27,8 @@ from experiments.analysis.contamination import check_contamination
 from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.forecast import ForecastUnavailable, HostOutsideProfile, forecast
 from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, RequestSteps, offline_steps
-from experiments.analysis.speedup.stepcost import StepCostProfile, fit_profile, key_of, level_steps, save_profile
+from experiments.analysis.speedup.stepcost import (PROFILES, StepCostProfile, fit_profile, key_of, level_steps,
+                                                   save_profile)
 from experiments.analysis.stats import UNCLEAR, records_speedup, verdict
 from experiments.config.paths import ROOT, cache_dir
 from experiments.tracking.import_runs import archive_stem, store_archive
@@ -232,14 +233,14 @@ def forecast_rows(inputs: RunInputs, profile: StepCostProfile, row: dict) -> lis
     return out
 
 
-def save_all_profiles(all_leases: list[Lease]) -> list[Path]:
-    """One profile per engine / model / site over every lease's runs (what a forecast on that site reads)."""
+def save_all_profiles(all_leases: list[Lease], folder: Path = PROFILES) -> list[Path]:
+    """One profile per engine / model / site over every lease's runs, every level of each (what a forecast on that
+    site reads), saved in `folder`."""
     groups: dict[tuple, list] = {}
     for lz in all_leases:
-        steps = {s.run_id: s for s in level_steps(lz.client, lz.runs, lz.name)}
+        steps = level_steps(lz.client, lz.runs, lz.name)
         for run in lz.runs:
-            groups.setdefault(lease_group(run), []).append((run, [s for s in steps.values() if s.run_id ==
-                                                                   run.info.run_id]))
+            groups.setdefault(lease_group(run), []).append((run, [s for s in steps if s.run_id == run.info.run_id]))
     paths = []
     for members in groups.values():
         steps = [s for _, ss in members for s in ss]
@@ -249,7 +250,7 @@ def save_all_profiles(all_leases: list[Lease]) -> list[Path]:
         cap = next((run_config(r).graph_batch_limit for r, _ in members if run_config(r).graph_batch_limit), None)
         profile = fit_profile(key_of(newest), steps, cap, note=f"fitted on the journal's leases: "
                               f"{', '.join(sorted({s.lease for s in steps}))}")
-        paths.append(save_profile(profile))
+        paths.append(save_profile(profile, folder))
     return paths
 
 
