@@ -19,9 +19,9 @@ from tests.helpers.plans import dry_runs, host_stage, planned_steps
 PLAN = ROOT / "bin" / "d-plan"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 PLAN_VARIABLES = ("D_TRAIN_ARGS", "D_FALLBACK_ARGS", "D_TRAIN_EXTRA", "D_OVERRIDES", "D_PROMPTS", "D_WORKLOADS",
-                  "D_MINUTES", "D_Q25_MINUTES", "D_Q25_NEED", "D_T07_NEED", "D_TRAIN_TIMEOUT", "D_SKIP_TRAIN",
+                  "D_MINUTES", "D_Q25_MINUTES", "D_Q25_NEED", "D_T07_NEED", "D_COMMITTED_NEED", "D_TRAIN_TIMEOUT", "D_SKIP_TRAIN",
                   "PLAN_BUDGET_S")
-STEPS = ["train", "train-fallback", "B-new", "B-committed", "q25", "t07-new", "t07-committed"]
+STEPS = ["train", "train-fallback", "q25", "B-new", "t07-new", "t07-committed", "B-committed"]
 # tiny trainer runs for the CPU rehearsal (appended to every trainer run: the last flag wins)
 TINY = ("--device cpu --num-conversations 4 --val-fraction 0.4 --max-turns 2 --max-context-tokens 384 "
         "--max-new-tokens 6 --gen-batch 8 --steps 2 --eval-every 1 --batch-tokens 1024 --warmup-steps 1 --ttt-steps 4")
@@ -66,7 +66,7 @@ def test_the_second_data_size_reuses_the_served_heads_answers(tmp_path: Path) ->
         full, "cuda").key()
     # a fresh host after a lost one: the carried head is served, nothing trained (no answers are cached there)
     steps = planned_steps(PLAN, tmp_path, PLAN_VARIABLES, D_SKIP_TRAIN="1")
-    assert list(steps) == ["B-new", "B-committed", "t07-new", "t07-committed"]
+    assert list(steps) == ["B-new", "t07-new", "t07-committed", "B-committed"]
 
 
 def test_h200_d_stage_rehearses_the_lease(tmp_path: Path, embedded_ready) -> None:
