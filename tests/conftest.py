@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT, cache_dir
 from experiments.engines.vllm_engine import CHECK_SCRIPT, CHECKER_ENV
-from experiments.tracking.import_runs import import_store
+from experiments.tracking.import_runs import import_store, offline_folder
 from experiments.tracking.offline_store import OfflineClient
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -77,9 +76,7 @@ def embedded_ready(vllm_checker) -> None:
 def old_store(tmp_path_factory) -> str:
     """The H200 runs of 2026-11-30 imported by the workspace's importer into a temporary SQLite store."""
     tmp = tmp_path_factory.mktemp("old_runs")
-    with tarfile.open(OLD_RUNS) as tar:
-        tar.extractall(tmp / "src", filter="data")
-    (folder,) = {p.parent.parent for p in (tmp / "src").rglob("run.json")}
+    folder = offline_folder(OLD_RUNS, tmp / "src")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     import_store(OfflineClient(folder), MlflowClient(uri), tmp / "artifacts")
     return uri

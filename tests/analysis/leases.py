@@ -6,14 +6,13 @@ conftest.py here would shadow tests/conftest.py for `from conftest import ...`."
 from __future__ import annotations
 
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT
-from experiments.tracking.import_runs import import_store
+from experiments.tracking.import_runs import import_store, offline_folder, store_archive
 from experiments.tracking.offline_store import OfflineClient
 
 JOURNAL = ROOT / "docs" / "journal"
@@ -22,10 +21,7 @@ CPU_EXPERIMENT, H200_EXPERIMENT = "smollm2_135m@local", "smollm2_135m@h200"
 
 def import_lease(lease: str, tmp: Path) -> str:
     """The lease's runs archive (gzip or xz) imported into a SQLite store under `tmp`; returns its URI."""
-    (archive,) = (JOURNAL / lease).glob("runs.tar.*")
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp / "src", filter="data")
-    (folder,) = {p.parent.parent for p in (tmp / "src").rglob("run.json")}
+    folder = offline_folder(store_archive(JOURNAL / lease), tmp / "src")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     import_store(OfflineClient(folder), MlflowClient(uri), tmp / "artifacts")
     return uri

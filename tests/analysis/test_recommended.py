@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from experiments.analysis.recommend import build, write
 from experiments.analysis.recommended import main
 from experiments.analysis.report_runs import select_runs
 from experiments.config.paths import ROOT
+from experiments.tracking.import_runs import offline_folder, store_archive
 from experiments.tracking.offline_store import OfflineClient
 from tests.analysis.leases import H200_EXPERIMENT
 
@@ -25,10 +25,7 @@ from tests.analysis.leases import H200_EXPERIMENT
 def lease(tmp_path_factory) -> tuple[Path, Path]:
     """(the lease's offline store, the recommendation json written from it)."""
     tmp = tmp_path_factory.mktemp("recommended")
-    (archive,) = (ROOT / "docs" / "journal" / "2026-12-01-h200").glob("runs.tar.*")
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
-    (store,) = {p.parent.parent for p in tmp.rglob("run.json")}
+    store = offline_folder(store_archive(ROOT / "docs" / "journal" / "2026-12-01-h200"), tmp)
     client = OfflineClient(store)
     options, runs, _, _ = select_runs(client, H200_EXPERIMENT)
     json_path, _ = write(build(client, options, runs), tmp / "out", "h200", "test")

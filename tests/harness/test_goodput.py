@@ -5,7 +5,6 @@ own fields."""
 from __future__ import annotations
 
 import dataclasses
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.harness.baseline import slo_breaks, speedups
 from experiments.harness.client import LevelResult, RequestRecord
 from experiments.harness.summary import SloTargets, level_metrics, summarize
+from experiments.tracking.import_runs import offline_folder, store_archive
 from experiments.tracking.records import load_records, read_jsonl
 
 CPU_LEASE = ROOT / "docs" / "journal" / "2026-12-03-cpu"
@@ -27,10 +27,7 @@ FIELDS = {f.name for f in dataclasses.fields(RequestRecord)}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("cpu-runs")
-    (archive,) = CPU_LEASE.glob("runs.tar.*")      # gzip or xz
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
-    return tmp / "runs"
+    return offline_folder(store_archive(CPU_LEASE), tmp)     # gzip or xz
 
 
 def levels_of(runs: Path, run_id: str) -> tuple[list[LevelResult], list[dict], dict[str, float]]:
