@@ -18,31 +18,12 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from experiments.config.kimi import KIMI, KimiShapes
+
 MIB = 1 << 20
 GIB = 1 << 30
 BF16 = 2
 INT32 = 4
-
-
-@dataclass(frozen=True)
-class KimiText:
-    """text_config of moonshotai/Kimi-K2.5 (DeepSeek-V3 layout, MLA, first layer dense)."""
-    hidden: int = 7168
-    layers: int = 61
-    dense_layers: int = 1
-    heads: int = 64
-    q_lora: int = 1536
-    kv_lora: int = 512
-    rope: int = 64
-    nope: int = 128
-    v_head: int = 128
-    intermediate: int = 18432
-    moe_intermediate: int = 2048
-    routed_experts: int = 384
-    shared_experts: int = 1
-    top_k: int = 8
-    vocab: int = 163840
-    group_size: int = 32
 
 
 @dataclass(frozen=True)
@@ -60,12 +41,12 @@ class MoonViT:
 @dataclass(frozen=True)
 class Eagle3Head:
     """lightseekorg/kimi-k2.5-eagle3: one LlamaForCausalLMEagle3 layer (TorchSpec's kimi_k25_eagle3.json)."""
-    hidden: int = 7168
+    hidden: int = KIMI.hidden          # the target's (its fc projects the target's aux hidden states to it)
     heads: int = 64
     kv_heads: int = 64
     head_dim: int = 128
     intermediate: int = 12288
-    vocab: int = 163840
+    vocab: int = KIMI.vocab            # the target's
     draft_vocab: int | None = None   # None: SGLang shares the target's lm_head (load_lm_head_from_target)
     aux_layers: int = 3
     layers: int = 1
@@ -80,7 +61,7 @@ class TensorGroup:
     freed_after_profile: bool = False   # counted when the KV pool is sized, released right after
 
 
-def attention_groups(m: KimiText, tp: int) -> list[TensorGroup]:
+def attention_groups(m: KimiShapes, tp: int) -> list[TensorGroup]:
     """MLA per layer (DeepseekV2AttentionMLA): q_a + kv_a fused and replicated, q_b/kv_b column, o row."""
     n = m.layers
     a_proj = (m.q_lora + m.kv_lora + m.rope) * m.hidden * BF16 * n
@@ -99,7 +80,7 @@ def attention_groups(m: KimiText, tp: int) -> list[TensorGroup]:
     ]
 
 
-def moe_groups(m: KimiText, tp: int, kernel: str = "marlin") -> list[TensorGroup]:
+def moe_groups(m: KimiShapes, tp: int, kernel: str = "marlin") -> list[TensorGroup]:
     """Routed experts INT4 (compressed-tensors WNA16, FusedMoE TP: every rank holds all 384 experts, each
     cut along moe_intermediate), the shared expert (bf16, DeepseekV2MLP) and the router (replicated)."""
     n, e, h, i = m.layers - m.dense_layers, m.routed_experts, m.hidden, m.moe_intermediate
@@ -134,7 +115,7 @@ def vit_params(v: MoonViT, text_hidden: int) -> tuple[int, int, int]:
     return attn, mlp + norms + embed, projector
 
 
-def dense_and_vocab_groups(m: KimiText, v: MoonViT, tp: int) -> list[TensorGroup]:
+def dense_and_vocab_groups(m: KimiShapes, v: MoonViT, tp: int) -> list[TensorGroup]:
     """First-layer dense MLP, vocab-parallel embedding and lm_head, the final norm, the vision path."""
     dense = m.dense_layers * 3 * m.intermediate * m.hidden * BF16
     table = m.vocab * m.hidden * BF16
@@ -150,12 +131,12 @@ def dense_and_vocab_groups(m: KimiText, v: MoonViT, tp: int) -> list[TensorGroup
     ]
 
 
-def target_groups(m: KimiText = KimiText(), v: MoonViT = MoonViT(), tp: int = 8,
+def target_groups(m: KimiShapes = KIMI, v: MoonViT = MoonViT(), tp: int = 8,
                   kernel: str = "marlin") -> list[TensorGroup]:
     return attention_groups(m, tp) + moe_groups(m, tp, kernel) + dense_and_vocab_groups(m, v, tp)
 
 
-def drafter_groups(d: Eagle3Head = Eagle3Head(), tp: int = 8, target_hidden: int = 7168) -> list[TensorGroup]:
+def drafter_groups(d: Eagle3Head = Eagle3Head(), tp: int = 8, target_hidden: int = KIMI.hidden) -> list[TensorGroup]:
     """The EAGLE-3 layer as SGLang's llama_eagle3.py builds it; its embed_tokens (and lm_head, when the
     config has no draft_vocab_size) are replaced by the target's after the KV pool is sized."""
     qkv = 2 * d.hidden * (d.heads + 2 * d.kv_heads) * d.head_dim * BF16 * d.layers
@@ -177,7 +158,7 @@ def drafter_groups(d: Eagle3Head = Eagle3Head(), tp: int = 8, target_hidden: int
     ]
 
 
-def kv_bytes_per_token(m: KimiText = KimiText(), dtype_bytes: int = BF16) -> int:
+def kv_bytes_per_token(m: KimiShapes = KIMI, dtype_bytes: int = BF16) -> int:
     """MLA latent + rope key per layer; not divided by TP: every rank caches every token's latent."""
     return (m.kv_lora + m.rope) * m.layers * dtype_bytes
 
@@ -207,15 +188,15 @@ class BoxInputs:
     margin_mib: float = 2048.0             # allocator fragmentation, cuBLAS/NCCL workspaces grown later
 
 
-def graph_bytes(inp: BoxInputs, m: KimiText = KimiText()) -> int | None:
-    """fixed + per layer x 61 layers x TP share x (box batch / measured batch)."""
+def graph_bytes(inp: BoxInputs, m: KimiShapes = KIMI) -> int | None:
+    """fixed + per layer x m.layers (Kimi: 61) x TP share x (box batch / measured batch)."""
     if inp.graph_mib_per_layer is None:
         return None
     per_layer = inp.graph_mib_per_layer * inp.graph_tp_scale * inp.box_graph_bs / inp.graph_bs
     return int((inp.graph_mib_fixed + per_layer * m.layers) * MIB)
 
 
-def prefill_activation_bytes(m: KimiText, tp: int, tokens: int) -> int:
+def prefill_activation_bytes(m: KimiShapes, tp: int, tokens: int) -> int:
     """Peak of one prefill chunk: the Triton fused MoE's three intermediate caches (tokens x top-k x
     2I/tp, I/tp and hidden), four hidden-size buffers, and q/k/v of the MHA prefill path."""
     moe = tokens * m.top_k * (3 * m.moe_intermediate // tp + m.hidden) * BF16
@@ -245,7 +226,7 @@ class MemoryPlan:
     checkpoint_bytes: int
 
 
-def _draft_terms(inp: BoxInputs, m: KimiText, head: Eagle3Head) -> tuple[int, int]:
+def _draft_terms(inp: BoxInputs, m: KimiShapes, head: Eagle3Head) -> tuple[int, int]:
     """(KV cell per token with SGLang's draft allowance, draft KV bytes per token beyond that allowance).
     SGLang scales the target cell by 1 + draft_layers / layers, assuming the draft's KV is MLA-sized."""
     plain = kv_bytes_per_token(m, inp.kv_dtype_bytes)
@@ -262,7 +243,7 @@ def _fraction_that_fits(p: int, weights: int, freed: int, fixed_needs: int, cell
     return math.floor(f * 200) / 200
 
 
-def plan(inp: BoxInputs = BoxInputs(), m: KimiText = KimiText(), v: MoonViT = MoonViT(),
+def plan(inp: BoxInputs = BoxInputs(), m: KimiShapes = KIMI, v: MoonViT = MoonViT(),
          head: Eagle3Head = Eagle3Head()) -> MemoryPlan:
     target = target_groups(m, v, inp.tp, inp.moe_kernel)
     draft = drafter_groups(head, inp.tp, m.hidden) if inp.speculative else []
@@ -292,7 +273,7 @@ def plan(inp: BoxInputs = BoxInputs(), m: KimiText = KimiText(), v: MoonViT = Mo
 
 
 def startup_timeout_s(mini_load_s: float, mini_jit_s: float, mini_graph_s: float, mini_layers: int, *,
-                      disk_gb_per_s: float, checkpoint_reads: int = 1, box_layers: int = 61,
+                      disk_gb_per_s: float, checkpoint_reads: int = 1, box_layers: int = KIMI.layers,
                       graph_batch_ratio: float = 1.0, fixed_s: float = 60.0, safety: float = 1.5) -> float:
     """timeout = safety x (fixed + load + JIT + graphs) on the box, from the miniature's measured phases:
     load   = mini_load x (box rank bytes / miniature bytes)  +  reads x checkpoint bytes / disk bandwidth
@@ -301,9 +282,9 @@ def startup_timeout_s(mini_load_s: float, mini_jit_s: float, mini_graph_s: float
              when the page cache holds 595 GB, else `checkpoint_reads` times)
     JIT    = mini_jit (kernels compile per shape, not per layer)
     graphs = mini_graph x box_layers / mini_layers x graph_batch_ratio (captured batch sizes, box / mini)"""
-    box = sum(g.rank_bytes for g in target_groups(KimiText(), tp=8))
-    mini = sum(g.rank_bytes for g in target_groups(replace(KimiText(), layers=mini_layers), tp=1))
-    ckpt = sum(g.checkpoint_bytes for g in target_groups(KimiText(), tp=8))
+    box = sum(g.rank_bytes for g in target_groups(KIMI, tp=8))
+    mini = sum(g.rank_bytes for g in target_groups(replace(KIMI, layers=mini_layers), tp=1))
+    ckpt = sum(g.checkpoint_bytes for g in target_groups(KIMI, tp=8))
     load = mini_load_s * box / mini + checkpoint_reads * ckpt / (disk_gb_per_s * 1e9)
     graphs = mini_graph_s * box_layers / mini_layers * graph_batch_ratio
     return safety * (fixed_s + load + mini_jit_s + graphs)
@@ -324,7 +305,7 @@ def _gb(n: int | None) -> str:
     return "open" if n is None else f"{n / GIB:.2f}"
 
 
-def render(inp: BoxInputs, p: MemoryPlan, m: KimiText = KimiText()) -> str:
+def render(inp: BoxInputs, p: MemoryPlan, m: KimiShapes = KIMI) -> str:
     rows = ["| tensor group | SGLang 0.5.14 sharding at TP 8 | checkpoint GB | per rank GiB |", "|---|---|---|---|"]
     groups = target_groups(m, tp=inp.tp, kernel=inp.moe_kernel)
     groups += drafter_groups(tp=inp.tp) if inp.speculative else []

@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-KIMI_HIDDEN = 7168
+from experiments.config.kimi import KIMI
+
+KIMI_HIDDEN = KIMI.hidden
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MIB = 1 << 20
 RECORDED_ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL")

@@ -42,12 +42,13 @@ from pathlib import Path
 
 import torch
 
+from experiments.config.kimi import KIMI
 from sglang_patches import selfcheck
 from sglang_patches.synthetic_router import popularity_bias
 
-EXPERTS, TOP_K, HIDDEN, GROUP = 384, 8, 7168, 32
+EXPERTS, TOP_K, HIDDEN, GROUP = KIMI.routed_experts, KIMI.top_k, KIMI.hidden, KIMI.group_size
 ROUTED_SCALING_FACTOR = 2.827          # Kimi-K2.5 config.json text_config.routed_scaling_factor
-N_GRID = (2048, 256)                   # moe_intermediate_size, and its TP-8 shard
+N_GRID = (KIMI.moe_intermediate, KIMI.moe_intermediate // 8)   # moe_intermediate_size, and its TP-8 shard
 M_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK_M = (1, 8, 64, 512)
 KERNELS = ("triton_w4a16", "marlin_w4a16")

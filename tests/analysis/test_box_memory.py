@@ -12,7 +12,6 @@ from experiments.analysis.box_memory import (
     MIB,
     BoxInputs,
     Eagle3Head,
-    KimiText,
     draft_kv_bytes_per_token,
     drafter_groups,
     graph_bytes,
@@ -22,6 +21,7 @@ from experiments.analysis.box_memory import (
     startup_timeout_s,
     target_groups,
 )
+from experiments.config.kimi import KIMI
 
 PUBLISHED_CHECKPOINT_BYTES = 595e9   # moonshotai/Kimi-K2.5, "595GB"
 
@@ -109,7 +109,7 @@ def test_startup_timeout_formula() -> None:
     assert graphs == pytest.approx(10.0 * 61 / 4, rel=1e-6)
     jit = startup_timeout_s(0.0, 30.0, 0.0, 4, **base) - startup_timeout_s(0.0, 0.0, 0.0, 4, **base)
     assert jit == pytest.approx(30.0, rel=1e-6)
-    mini = sum(g.rank_bytes for g in target_groups(replace(KimiText(), layers=4), tp=1))
+    mini = sum(g.rank_bytes for g in target_groups(replace(KIMI, layers=4), tp=1))
     box = sum(g.rank_bytes for g in target_groups(tp=8))
     load = startup_timeout_s(20.0, 0.0, 0.0, 4, **base) - startup_timeout_s(0.0, 0.0, 0.0, 4, **base)
     assert load == pytest.approx(20.0 * box / mini, rel=1e-6)
@@ -125,24 +125,6 @@ def test_cli_writes_plan_and_groups(tmp_path, capsys) -> None:
     assert data["plan"]["kv_tokens"] == result.kv_tokens > 0
     assert result.target_rank_bytes / GIB == pytest.approx(sum(g["rank_bytes"] for g in data["groups"]
                                                               if not g["name"].startswith("draft")) / GIB)
-
-
-def test_kimi_dimensions_match_the_miniatures_cited_config() -> None:
-    """box_memory's Kimi-K2.5 dimensions and conf/model/kimi_k25_mini.yaml's hf_config (each value cited there)
-    must not drift apart: the miniature differs from Kimi-K2.5 only in its number of layers."""
-    from omegaconf import OmegaConf
-
-    from experiments.analysis.box_memory import KimiText
-    from experiments.config.paths import ROOT
-    hf = OmegaConf.load(ROOT / "conf/model/kimi_k25_mini.yaml").hf_config
-    k = KimiText()
-    pairs = {"hidden": "hidden_size", "heads": "num_attention_heads", "q_lora": "q_lora_rank",
-             "kv_lora": "kv_lora_rank", "rope": "qk_rope_head_dim", "nope": "qk_nope_head_dim", "v_head": "v_head_dim",
-             "intermediate": "intermediate_size", "moe_intermediate": "moe_intermediate_size",
-             "routed_experts": "n_routed_experts", "shared_experts": "n_shared_experts",
-             "top_k": "num_experts_per_tok", "vocab": "vocab_size", "dense_layers": "first_k_dense_replace"}
-    assert {f: getattr(k, f) for f in pairs} == {f: hf[key] for f, key in pairs.items()}
-    assert k.group_size == hf.quantization_config.config_groups.group_0.weights.group_size
 
 
 def test_the_box_site_waits_for_the_start_the_miniature_predicts() -> None:

@@ -23,7 +23,7 @@ JOURNAL = ROOT / "docs/journal/2026-12-02-h200"
 VARIANTS = {
     "uniform": bx.uniform_variant,
     "served curve": lambda: bx.curve_variant(
-        load_expert_curve(JOURNAL / "kimi_lease2/served_expert_curve.json", 384, 8), "served"),
+        load_expert_curve(JOURNAL / "kimi_lease2/served_expert_curve.json", bt.EXPERTS, bt.TOP_K), "served"),
     "H200 kernel times": lambda: bx.kernel_variant(JOURNAL / "kimi_kernels.json"),
 }
 A4 = bx.Spec("A", "ngram", "sglang", 4)

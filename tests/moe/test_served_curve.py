@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from experiments.analysis.speedup.model import load_expert_curve
+from experiments.config.kimi import KIMI
 from experiments.config.paths import ROOT
 from experiments.moe import served_curve as sc
 
@@ -81,11 +82,12 @@ def test_curve_file_is_what_load_expert_curve_reads(tiny_dir: Path, tmp_path: Pa
     curve = sc.expert_curve(tiny_dir)
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps(sc.curve_json(tiny_dir)))
-    assert load_expert_curve(plain, 384, 8) == pytest.approx(curve)
+    assert load_expert_curve(plain, KIMI.routed_experts, KIMI.top_k) == pytest.approx(curve)
     carried = tmp_path / "carried.json"
     carried.write_text(json.dumps(sc.curve_json(tiny_dir, experts=32, top_k=4)))
     assert load_expert_curve(carried, 32, 4) == pytest.approx(curve)
-    assert load_expert_curve(carried, 384, 8)[0] == pytest.approx(8.0)   # carried over to 384 experts, top-8
+    # carried over to Kimi's 384 experts, top-8
+    assert load_expert_curve(carried, KIMI.routed_experts, KIMI.top_k)[0] == pytest.approx(8.0)
     with pytest.raises(ValueError):
         sc.curve_json(tiny_dir, experts=32)
 
@@ -150,7 +152,7 @@ def test_cli_end_to_end(kimi_dir: Path) -> None:
     assert "note: graphs: not run (no graphs.json), skipped" in run.stdout
     table = [ln for ln in run.stdout.splitlines() if ln.startswith("| decode |")]
     assert len(table) == 4 and table[3].split("|")[4].strip() == "64"
-    assert load_expert_curve(out, 384, 8) == pytest.approx(sc.expert_curve(kimi_dir))
+    assert load_expert_curve(out, KIMI.routed_experts, KIMI.top_k) == pytest.approx(sc.expert_curve(kimi_dir))
 
 
 def test_cli_refuses_a_folder_without_results(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from experiments.config.kimi import KIMI
 from sglang_patches.moe_budget import budget_topk
 
-EXPERTS, TOP_K, TOKENS = 384, 8, 20   # Kimi-K2.5's routing; 4 sequences x 5 verified tokens
+EXPERTS, TOP_K, TOKENS = KIMI.routed_experts, KIMI.top_k, 20   # Kimi-K2.5's routing; 4 sequences x 5 verified tokens
 
 
 class ScalarIndexPuts(TorchDispatchMode):

@@ -14,11 +14,12 @@ from typing import NamedTuple, Optional
 import pytest
 import torch
 
+from experiments.config.kimi import KIMI
 from experiments.config.paths import ROOT, cache_dir
 from sglang_patches import Context, PatchRefused, Targets, moe_budget, synthetic_router
 from sglang_patches.moe_budget import MODEL_FORWARD, SELECT_EXPERTS
 
-EXPERTS, TOP_K, HIDDEN = 384, 8, 7168
+EXPERTS, TOP_K, HIDDEN = KIMI.routed_experts, KIMI.top_k, KIMI.hidden
 
 
 def uniform_expectation(tokens: int) -> float:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from experiments.analysis.box_memory import Eagle3Head, drafter_groups
 from experiments.analysis.speedup import box_hosts
 from experiments.analysis.speedup.model import accept_length_for_rate
+from experiments.config.kimi import KIMI
 
 LEASE3 = "docs/journal/2026-12-02-h200/kimi_lease3/model_error_table.md"
 KERNELS = "docs/journal/2026-12-02-h200/kimi_kernels.json"
@@ -25,7 +26,8 @@ SHARES = {"allreduce": 0.515, "attention": 0.153, "dense": 0.134, "moe": 0.111}
 PLATEAU_TOLERANCE = 0.05   # a corner whose baseline at c = 128 is slower than the plateau by more is dropped
 
 # Kimi-K2.5's shapes (conf/model/kimi_k25_int4.yaml) and the box (conf/site/blackwell.yaml)
-HIDDEN, LAYERS, VOCAB, EXPERTS, TOP_K, GPUS = 7168, 61, 163_840, 384, 8, 8
+HIDDEN, LAYERS, VOCAB, EXPERTS, TOP_K = KIMI.hidden, KIMI.layers, KIMI.vocab, KIMI.routed_experts, KIMI.top_k
+GPUS = 8
 ACTIVE_PARAMS = 32e9          # parameters a token passes through (Kimi-K2: 32 B activated)
 ALLREDUCES_PER_LAYER = 2
 DECODE_GRAPH_CAP = 128        # --cuda-graph-max-bs-decode of the baseline (conf/site/blackwell.yaml)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.analysis.speedup.model import load_expert_curve
+from experiments.config.kimi import KIMI
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +77,7 @@ def box(args: argparse.Namespace) -> None:
     from experiments.analysis.speedup import box as bx
     from experiments.analysis.speedup.box_report import render
     if args.expert_curve:
-        curve = load_expert_curve(args.expert_curve, 384, 8)
+        curve = load_expert_curve(args.expert_curve, KIMI.routed_experts, KIMI.top_k)
         variant = bx.curve_variant(curve, args.expert_curve.name)
     elif args.moe_kernel:
         variant = bx.kernel_variant(args.moe_kernel)

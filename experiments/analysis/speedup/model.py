@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from experiments.config.kimi import KIMI
+
 if TYPE_CHECKING:
     from experiments.analysis.runs import RunConfig
     from experiments.config.views import SpecView
@@ -84,10 +86,10 @@ class BoxProfile:
     share_attention: float = 0.153
     share_dense: float = 0.134
     share_moe: float = 0.111
-    experts: int = 384
-    top_k: int = 8
-    hidden: int = 7168
-    layers: int = 61
+    experts: int = KIMI.routed_experts
+    top_k: int = KIMI.top_k
+    hidden: int = KIMI.hidden
+    layers: int = KIMI.layers
     allreduces_per_layer: int = 2
     allreduce_bytes: int = 2                 # bf16 activations
     gpus: int = 8
