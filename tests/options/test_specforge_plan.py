@@ -1,5 +1,6 @@
 """Option D's SpecForge plan on the Blackwell box: the draft config against Kimi's dimensions, the recipe checked
-by SpecForge's own config schema, the commands it writes, and the D-plan run it logs."""
+by SpecForge's own config schema, the commands it writes, the hours estimate, and the D-plan run it logs (both
+forms; their flag checks are in test_specforge_forms.py)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,15 @@ import yaml
 from conftest import compose_cfg, run_workspace
 
 from experiments.harness.preflight import Refused, check_head_fits
-from experiments.options.specforge_plan import SPECFORGE_TARGET, commands, draft_config, recipe, validate_recipe
+from experiments.options.specforge_plan import (
+    SPECFORGE_TARGET,
+    commands,
+    draft_config,
+    draft_params,
+    hours_estimate,
+    recipe,
+    validate_recipe,
+)
 
 
 def box(*overrides: str):
@@ -66,6 +75,22 @@ def test_specforge_commands_serve_the_target_with_the_site_flags(tmp_path: Path)
     capture = next(s for s in steps if "prepare_hidden_states.py" in s)
     assert "--tp-size 8" in capture and "--chat-template kimi-k2-instruct" in capture
     assert any(s.startswith("specforge export --to sglang") for s in steps)
+    # the data recipe: ShareGPT and the team's own traffic (when its file is there), merged, answered by the target
+    assert any("--data-path" in s and "traffic.jsonl" in s for s in steps if "prepare_data.py" in s)
+
+
+def test_hours_estimate_states_its_formula_and_inputs() -> None:
+    cfg = box("+option=D")
+    head = draft_config(cfg)
+    # fc 3h^2, q/k/v over 2h (Kimi's 64 heads of 112, 8 KV heads), o h^2, MLP 3 h x 40960, head h x 32000
+    h, kv = 7168, 8 * 112
+    assert draft_params(head) == 3 * h * h + 2 * h * (h + 2 * kv) + h * h + 3 * h * 40960 + h * 32000
+    est = hours_estimate(cfg)
+    assert est["kind"].startswith("estimate") and "regen_tok_s" in est["inputs"]
+    assert est["inputs"]["bytes_per_token"] == 4 * 7168 * 2   # D.yaml's ~57 KB per token
+    assert est["hours"]["total"] == pytest.approx(sum(v for k, v in est["hours"].items() if k != "total"), abs=0.06)
+    faster = hours_estimate(box("+option=D", "train.specforge.estimate.regen_tok_s=2000"))
+    assert faster["hours"]["regenerate"] == pytest.approx(est["hours"]["regenerate"] / 2, abs=0.01)
 
 
 def test_option_d_on_the_box_logs_a_d_plan_run(tmp_path: Path, specforge_ready) -> None:
@@ -81,8 +106,14 @@ def test_option_d_on_the_box_logs_a_d_plan_run(tmp_path: Path, specforge_ready) 
     (run,) = client.search_runs([exp.experiment_id], "tags.`mlflow.runName` = 'D-plan'")
     assert run.info.status == "FINISHED"
     assert run.data.tags["specws.specforge_check"] == "offline local_colocated mlflow"
-    names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "specforge")}
-    assert names == {"draft_config.json", "recipe.yaml", "commands.sh"}
+    assert run.data.tags["specws.specforge.current.check"].endswith(": ok")
+    assert "last with train_eagle3.py" in run.data.tags["specws.specforge.v0.2.0-scripts.check"]
+    assert run.data.tags["specws.specforge.draft"].startswith("LlamaForCausalLMEagle3")
+    forms = {f: {Path(a.path).name for a in client.list_artifacts(run.info.run_id, f"specforge/{f}")}
+             for f in ("current", "v0.2.0-scripts")}
+    assert forms == {"current": {"draft_config.json", "recipe.yaml", "commands.sh"},
+                     "v0.2.0-scripts": {"draft_config.json", "commands-scripts.sh"}}
+    assert "estimate.json" in {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "specforge")}
     logged = yaml.safe_load((tmp_path / "work" / "recipe.yaml").read_text())
     assert logged["tracking"] == {"report_to": "mlflow", "mlflow_tracking_uri": uri,
                                   "mlflow_experiment_name": "kimi_k25_int4@blackwell",
