@@ -7,7 +7,6 @@ and records; experiments.harness.pipeline is the runner of every option that is 
 from __future__ import annotations
 
 import faulthandler
-import inspect
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from experiments.engines.base import InvalidLaunch
 from experiments.harness.baseline import PairingRefused
 from experiments.harness.devices import held, job_devices, job_line
 from experiments.harness.measure import console
+from experiments.harness.pipeline import Hooks
 from experiments.harness.preflight import Refused, check_inputs, check_option
 from experiments.harness.prepare import prepare_workload
 from experiments.harness.server import POOL
@@ -44,7 +44,7 @@ LOCAL_SITE = paths.ROOT / "conf" / "local" / "site.yaml"
 # Analysis run on each measured run after its measurement, inside its lifecycle; the verdict block last (it reads
 # what the others logged, and is the last thing a run prints).
 POST_RUN = (log_run_analysis, forecast_check, log_verdict_block)
-# Fills the run of `run.forecast=true` (the option's runner asks for it by a `forecaster` argument).
+# Fills the run of `run.forecast=true` (refused by check_option for a runner that makes no forecast).
 FORECASTER = log_forecast
 
 
@@ -52,27 +52,20 @@ def experiment(cfg: DictConfig) -> dict:
     check_option(cfg)
     check_inputs(cfg)
     try:
-        views = views_of(cfg)
+        run = views_of(cfg)   # the config typed once: everything below reads this
     except ConfigError as exc:
         raise Refused(str(exc)) from None
     try:  # before anything starts, dry runs included: a broken row costs no engine start
-        prepared = prepare_workload(cfg, views.workload)
+        prepared = prepare_workload(run)
     except WorkloadError as exc:
-        raise Refused(f"workload {cfg.workload.name}: {exc}") from None
-    runner = get_method(cfg.option.runner._target_)
-    takes = inspect.signature(runner).parameters
-    given = {"views": views} if "views" in takes else {}   # the typed views, to runners that read them
-    if cfg.run.forecast and "forecaster" not in takes:
-        raise Refused(f"option {cfg.option.name}'s runner ({cfg.option.runner._target_}) makes no forecast; "
-                      "run.forecast=true is for options that are one measurement")
-    if cfg.run.forecast:
-        given["forecaster"] = FORECASTER
+        raise Refused(f"workload {run.workload.name}: {exc}") from None
+    hooks = Hooks(POST_RUN, FORECASTER if run.run.forecast else None)
     # Past every refusal: a run that starts servers waits here for their devices (another job's on this host),
     # before it looks for its baseline, so that it finds the one the job it waited for measured; its pooled
     # servers then hold them while they live (experiments/harness/devices.py)
-    POOL.accelerator = str(cfg.site.accelerator)
+    POOL.accelerator = run.site.accelerator
     with held(job_devices(cfg), job_line()):
-        return runner(cfg, prepared, post_run=POST_RUN, **given)
+        return get_method(run.runner)(run, prepared, hooks)
 
 
 def _raise_interrupt(signum, frame):

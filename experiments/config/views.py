@@ -56,6 +56,7 @@ class WorkloadView:
     rate: float | None = None          # open loop: requests (conversations) per second
     burstiness: float = 1.0            # gamma's shape, as vllm bench serve --burstiness (1: Poisson)
     arrival_seed: int | None = None    # null: seed
+    slo: dict[str, Any] = field(default_factory=dict)   # latency targets (s), applied to the records afterwards
 
     @property
     def label(self) -> str:
@@ -229,19 +230,32 @@ class RunModeView:
 
 
 @dataclass(frozen=True)
+class TrackingView:
+    """Where the run is recorded."""
+    uri: str
+    experiment: str
+    artifact_root: str | None = None
+
+
+@dataclass(frozen=True)
 class RunView:
-    """What a run is: option, engine, model names and the typed sections."""
+    """What a run is, typed once at the entry point and passed alone: option, engine, the model, the typed
+    sections, the runner it goes to, and the composed config itself (`config`), kept for what is logged as params
+    and for the baseline's overlay only."""
     option: str
     engine: str
-    model: str
+    model: ModelView
     spec: SpecView
     workload: WorkloadView
     site: SiteView
     limits: LimitsView
+    tracking: TrackingView
+    runner: str = "experiments.harness.pipeline.measure_option"
     server: ServerView = field(default_factory=ServerView)
     baseline: BaselineView = field(default_factory=BaselineView)
     run: RunModeView = field(default_factory=RunModeView)
     health_path: str = "/health"
+    config: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -285,11 +299,13 @@ def views_of(cfg: DictConfig) -> RunView:
         raise ConfigError(f"workload.concurrency level {max(levels)} is above the engine limit "
                           f"limits.max_running_requests={limits.max_running_requests} (the site's deployment value): "
                           "it would only queue in the engine; lower the level or raise the limit")
-    return RunView(option=str(cfg.option.name), engine=str(cfg.engine.name), model=str(cfg.model.name),
+    return RunView(option=str(cfg.option.name), engine=str(cfg.engine.name), model=model_view(cfg),
                    spec=_typed(SpecView, cfg.spec, "spec"),
                    workload=_typed(WorkloadView, cfg.workload, "workload", concurrency=levels),
                    site=_typed(SiteView, cfg.site, "site"),
-                   limits=limits,
+                   limits=limits, tracking=_typed(TrackingView, cfg.tracking, "tracking"),
+                   runner=str(OmegaConf.select(cfg, "option.runner._target_", default=RunView.runner)),
+                   config=cfg,
                    server=_typed(ServerView, cfg.get("server"), "server"),
                    baseline=_typed(BaselineView, cfg.get("baseline"), "baseline"),
                    run=_typed(RunModeView, cfg.get("run"), "run"),

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from experiments.config.views import RunView
@@ -51,24 +50,23 @@ log = logging.getLogger(__name__)
 TIMING_TAG, INTERLEAVED, SEQUENTIAL = "specws.timing", "interleaved", "sequential"
 
 
-def measure(m: Measurement, cfg: DictConfig, v: RunView, target: LaunchSpec | Served, baseline: Run | None,
+def measure(m: Measurement, v: RunView, target: LaunchSpec | Served, baseline: Run | None,
             prepared: PreparedWorkload, validation: Validation | None, store_client=None) -> None:
     """Measure into `m`; raises on failure with `m` holding what was measured so far. `store_client` reads the
-    baseline's records for the agreement checks. `cfg` is only what the launch needs (experiments.harness.launch);
-    everything else is read from the typed views `v`."""
+    baseline's records for the agreement checks."""
     arm = Arm(m, v, target, validation)
     m.tags[TIMING_TAG] = SEQUENTIAL
     try:
         arm.start(prepared)
         _check_limits(m.limits, baseline)
-        arm.summarize(arm.runner.run(prepared.plan), _slo(cfg))
+        arm.summarize(arm.runner.run(prepared.plan), _slo(v))
         compare_with_baseline(arm, baseline, store_client)
         check_error_share(m.summary, prepared.workload.max_error_share)  # after the numbers are in `m`
     finally:
         arm.close()
 
 
-def measure_interleaved(arms: tuple[Arm, Arm], cfg: DictConfig, prepared: PreparedWorkload) -> None:
+def measure_interleaved(arms: tuple[Arm, Arm], prepared: PreparedWorkload) -> None:
     """Option and baseline paired in time: both servers up together, every block of first-seen prompts sent to
     one and then the other in ABBA order (experiments.harness.client.run_interleaved). Fills both arms' summaries;
     the comparison with the baseline comes after the baseline's run has been exported (compare_with_baseline)."""
@@ -82,13 +80,13 @@ def measure_interleaved(arms: tuple[Arm, Arm], cfg: DictConfig, prepared: Prepar
                              "(pin them with limits.* so that both run under the same ones)")
     results = run_interleaved((option.runner, base.runner), prepared.plan)
     for arm, levels in zip(arms, results, strict=True):
-        arm.summarize(levels, _slo(cfg))
+        arm.summarize(levels, _slo(arm.v))
     for arm in arms:
         arm.m.tags[TIMING_TAG] = INTERLEAVED
 
 
-def _slo(cfg: DictConfig) -> SloTargets:
-    return SloTargets.of(OmegaConf.select(cfg, "workload.slo", default=None))
+def _slo(v: RunView) -> SloTargets:
+    return SloTargets.of(v.workload.slo)
 
 
 class Arm:
@@ -118,8 +116,8 @@ class Arm:
         self.watch = HostWatch.open(self.telemetry, self.server, self.target.engine,
                                     launched.python if launched else None, launched.env if launched else None,
                                     v.site.accelerator, v.spec.draft_model, _visible_gpus(self.target), self.log_path)
-        self.runner = WorkloadRunner(self.server, self.adapter, v.model, settings, prepared.render(), m.records_path,
-                                     Arrivals.of(w), self.watch)
+        self.runner = WorkloadRunner(self.server, self.adapter, v.model.name, settings, prepared.render(),
+                                     m.records_path, Arrivals.of(w), self.watch)
         self.runner.label = v.option
 
     def summarize(self, levels: list, slo: SloTargets) -> None:
@@ -282,7 +280,7 @@ def _agreement_check(m: Measurement, store_client, baseline: Run, server, adapte
         return
 
     def topk(ids: list[int]) -> list[tuple[int, float]]:
-        path, body = adapter.topk_request(ids, v.model)
+        path, body = adapter.topk_request(ids, v.model.name)
         resp = httpx.post(server.base_url + path, json=body, headers=auth_headers(server.base_url), timeout=120)
         resp.raise_for_status()
         return adapter.parse_topk(resp.json())

@@ -1,12 +1,17 @@
-"""The runner of every option that is one measurement (`option.runner` in conf/option/*.yaml): validate the
-command line with the engine's own parser (or, with `server.url`, read a running server's settings back from it),
-find or measure the paired baseline, then measure the option. Dry runs stop after the validation, with a run that
-records the launch spec and the workload plan. A forecast (`run.forecast=true`) stops after the baseline: it logs
-its own run, filled in by the forecaster the entry point hands in, and starts no option server."""
+"""The runner of every option that is one measurement (`option.runner` in conf/option/*.yaml). The option is armed
+first: its command line validated by the engine's own parser (or, with `server.url`, a running server's settings
+read back from it) and its pairing key fixed. Then one mode, one function each (MODES):
+- `dry_run`: a run that records the launch spec and the workload plan;
+- `forecast` (`run.forecast=true`): the paired baseline, then a forecast run filled in by the forecaster the entry
+  point hands in; no option server starts;
+- `sequential`: the paired baseline, found in the store or measured first, then the option;
+- `interleaved` (`baseline.timing=interleaved`): the option and a fresh baseline paired in time.
+Every runner takes (RunView, PreparedWorkload, Hooks)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -67,30 +72,63 @@ def attached(v: RunView, url: str, prepared: PreparedWorkload | None) -> Served:
     return served
 
 
-def measure_option(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequence[PostRun] = (),
-                   forecaster: Forecaster | None = None, views: RunView | None = None) -> dict:
-    v = views or views_of(cfg)
+@dataclass(frozen=True)
+class Hooks:
+    """What the entry point hands every runner: the analysis run after each measured run, and the forecaster of
+    `run.forecast=true` (None otherwise)."""
+    post_run: Sequence[PostRun] = ()
+    forecaster: Forecaster | None = None
+
+
+@dataclass(frozen=True)
+class Arming:
+    """One side of a comparison, resolved before anything is measured: its typed run, the server it measures
+    (launched here, or a running one), the engine's validation of the command line (None for a running server)
+    and the pairing key both sides share."""
+    run: RunView
+    target: Target
+    validation: Validation | None
+    key: str
+
+    @property
+    def cfg(self) -> DictConfig:
+        return self.run.config
+
+    @property
+    def version(self) -> str:
+        return self.target.version if isinstance(self.target, Served) else self.validation.version
+
+
+def measure_option(run: RunView, prepared: PreparedWorkload, hooks: Hooks) -> dict:
+    """The option resolved (its command line validated, or its running server read back), then one of the modes:
+    a dry run, a forecast, a pair in time, or the paired baseline (found or measured) and then the option."""
+    option = _arm_option(run, prepared)
+    return MODES[_mode(option)](option, prepared, hooks)
+
+
+def _arm_option(v: RunView, prepared: PreparedWorkload) -> Arming:
+    cfg = v.config
     if v.server.url:
         if v.run.forecast:
             raise Refused("run.forecast=true starts no option server, so there is none to attach: leave server.url "
                           "unset (baseline.url measures a running baseline)")
-        target: Target = attached(v, v.server.url, None if v.run.dry_run else prepared)
-        validation, key = None, served_pair_key(cfg, target, prepared.digest)
+        served = attached(v, v.server.url, None if v.run.dry_run else prepared)
+        return Arming(v, served, None, served_pair_key(cfg, served, prepared.digest))
+    if v.run.dry_run:   # only the command line is validated (the box's, from here), in the engine's interpreter
+        check_engine_env(cfg)
     else:
-        if not v.run.dry_run:
-            check_assets(cfg)
-        else:  # a dry run only validates the command line (e.g. the box's, from here), in the engine's interpreter
-            check_engine_env(cfg)
-        target, validation = validated_spec(cfg)
-        key = pair_key(cfg, validation.version, prepared.digest)
+        check_assets(cfg)
+    spec, validation = validated_spec(cfg)
+    return Arming(v, spec, validation, pair_key(cfg, validation.version, prepared.digest))
+
+
+def _mode(option: Arming) -> str:
+    v = option.run
     if v.run.dry_run:
-        return _dry_run(cfg, v, target, _version(target, validation), key, prepared)
+        return "dry_run"
     if v.run.forecast:
-        return forecast_option(cfg, v, validation, key, prepared, post_run, forecaster)
-    if _interleaved(v, target):
-        return run_interleaved_pair(cfg, v, target, validation, key, prepared, post_run)
-    baseline = _paired_baseline(cfg, v, key, prepared, post_run, target) if v.baseline.pair else None
-    return run_measured(cfg, v, target, validation, key, baseline, prepared, post_run)
+        return "forecast"
+    return "interleaved" if _interleaved(v, option.target) else "sequential"
 
 
 def _interleaved(v: RunView, target: Target) -> bool:
@@ -105,30 +143,28 @@ def _interleaved(v: RunView, target: Target) -> bool:
     return True
 
 
-def _version(target: Target, validation: Validation | None) -> str:
-    return target.version if isinstance(target, Served) else validation.version
-
-
-def _host(cfg: DictConfig, target: Target) -> str:
+def _host(option: Arming) -> str:
     """Where a run was measured, for the drift check of a stored baseline: this machine and engine environment,
     or the host of a running server's URL."""
-    if isinstance(target, Served):
-        return f"attached:{urlsplit(target.url).hostname}/{cfg.site.accelerator}"
-    return host_fingerprint(cfg)
+    if isinstance(option.target, Served):
+        return f"attached:{urlsplit(option.target.url).hostname}/{option.run.site.accelerator}"
+    return host_fingerprint(option.cfg)
 
 
-def _dry_run(cfg: DictConfig, v: RunView, target: Target, version: str, key: str, prepared: PreparedWorkload) -> dict:
-    with open_run(cfg, "dry_run", v.run.name or f"{v.option}-plan",
-                  engine_tags(cfg, version) | {"specws.pair_key": key}) as run:
+def dry_run(option: Arming, prepared: PreparedWorkload, hooks: Hooks) -> dict:
+    """A run that records the launch spec (or the running server's account) and the workload plan."""
+    v, target = option.run, option.target
+    with open_run(option.cfg, "dry_run", v.run.name or f"{v.option}-plan",
+                  engine_tags(option.cfg, option.version) | {"specws.pair_key": option.key}) as run:
         uploads = Uploads(run.client, run.id)
         export_inputs(uploads, *_launch_record(target))
         uploads.dict(prepared.plan.describe(), "workload_plan.json")
         uploads.raise_first()
     if isinstance(target, Served):
-        console.print(f"read back from {target.engine} {version} at {target.url}: {len(target.settings)} settings "
-                      f"({', '.join(target.sources)}), speculation {target.speculation}")
+        console.print(f"read back from {target.engine} {option.version} at {target.url}: {len(target.settings)} "
+                      f"settings ({', '.join(target.sources)}), speculation {target.speculation}")
     else:
-        console.print(f"validated by {target.engine} {version}: {redact_text(' '.join(target.argv))}")
+        console.print(f"validated by {target.engine} {option.version}: {redact_text(' '.join(target.argv))}")
     console.print(f"workload {v.workload.name}: {prepared.plan.describe()}")
     return {"run_id": run.id}
 
@@ -139,109 +175,120 @@ def _launch_record(target: Target) -> tuple[dict, str]:
         (target.to_dict(), "launch_spec.json")
 
 
-def forecast_option(cfg: DictConfig, v: RunView, validation: Validation, key: str, prepared: PreparedWorkload,
-                    post_run: Sequence[PostRun], forecaster: Forecaster | None) -> dict:
+def forecast(option: Arming, prepared: PreparedWorkload, hooks: Hooks) -> dict:
     """The paired baseline (found or measured), then a forecast run of the option against it; no option server."""
-    if forecaster is None or not v.baseline.pair or not v.spec.speculative:
+    v = option.run
+    if hooks.forecaster is None or not v.baseline.pair or not v.spec.speculative:
         raise InvalidLaunch("run.forecast=true needs a speculative option paired with a baseline "
                             "(baseline.pair=true) and a forecaster")
-    baseline = _paired_baseline(cfg, v, key, prepared, post_run, None)
-    tags = engine_tags(cfg, validation.version) | {"specws.pair_key": key,
-                                                   "specws.baseline_run_id": baseline.info.run_id}
-    params = flatten(cfg)
-    with open_run(cfg, "forecast", v.run.name or f"{v.option}-{v.workload.label}-forecast", tags,
+    baseline = paired_baseline(option, prepared, hooks)
+    tags = engine_tags(option.cfg, option.version) | {"specws.pair_key": option.key,
+                                                      "specws.baseline_run_id": baseline.info.run_id}
+    params = flatten(option.cfg)
+    with open_run(option.cfg, "forecast", v.run.name or f"{v.option}-{v.workload.label}-forecast", tags,
                   params) as run:
-        for line in forecaster(run.client, run.id, baseline, params):
+        for line in hooks.forecaster(run.client, run.id, baseline, params):
             console.print(line)
     return {"run_id": run.id, "baseline_run_id": baseline.info.run_id}
 
 
-def _paired_baseline(cfg: DictConfig, v: RunView, key: str, prepared: PreparedWorkload,
-                     post_run: Sequence[PostRun], target: Target | None):
+def sequential(option: Arming, prepared: PreparedWorkload, hooks: Hooks) -> dict:
+    """The paired baseline (found in the store, or measured first), then the option against it."""
+    baseline = paired_baseline(option, prepared, hooks) if option.run.baseline.pair else None
+    return record_measured(option, baseline, prepared, hooks)
+
+
+def paired_baseline(option: Arming, prepared: PreparedWorkload, hooks: Hooks):
     """A stored baseline that matches (same key and host, recent, no failed request, not measured on a loaded
-    host), else a fresh one: the config with conf/option/baseline.yaml laid over it, on the same engine and
-    limits -- launched, or the running server of `baseline.url`, whose settings must be the option's."""
-    client, exp_id = setup(cfg)
-    found = _stored_baseline(client, exp_id, cfg, v, key, target) if v.baseline.lookup else None
+    host), else a fresh one measured now on the same engine and limits (`_arm_baseline`)."""
+    client, exp_id = setup(option.cfg)
+    found = _stored_baseline(client, exp_id, option) if option.run.baseline.lookup else None
     if found is not None:
         return found
-    bcfg = with_option(cfg, "baseline")
-    bcfg.run.name = f"baseline-{v.workload.label}"
-    bv = views_of(bcfg)
-    if v.baseline.url:
-        btarget, bvalidation = _attached_baseline(bcfg, bv, v.baseline.url, key, prepared, target)
-    elif isinstance(target, Served):
-        raise Refused(f"no stored baseline matches the server at {target.url} (pairing key {key}); give the running "
-                      "baseline server as baseline.url, or set baseline.pair=false")
-    else:
-        btarget, bvalidation = validated_spec(bcfg)
+    base = _arm_baseline(option, prepared)
     console.print("no matching baseline in the store (same key and host, recent, no failed request): "
                   "measuring one first")
-    return client.get_run(run_measured(bcfg, bv, btarget, bvalidation, key, None, prepared, post_run)["run_id"])
+    return client.get_run(record_measured(base, None, prepared, hooks)["run_id"])
 
 
-def _stored_baseline(client, exp_id: str, cfg: DictConfig, v: RunView, key: str, target: Target | None):
-    host = _host(cfg, target) if target is not None else host_fingerprint(cfg)
-    allow_loaded, max_age_h = v.baseline.allow_loaded_host, v.baseline.max_age_h
-    found = find_baseline(client, exp_id, key, host, max_age_h, allow_loaded)
+def _baseline_run(option: Arming) -> RunView:
+    """The option's run with conf/option/baseline.yaml laid over it."""
+    bcfg = with_option(option.cfg, "baseline")
+    bcfg.run.name = f"baseline-{option.run.workload.label}"
+    return views_of(bcfg)
+
+
+def _arm_baseline(option: Arming, prepared: PreparedWorkload) -> Arming:
+    """The baseline's side: launched here with the option's flags less speculation, or the running server of
+    `baseline.url`, whose settings must be the option's."""
+    bv = _baseline_run(option)
+    if option.run.baseline.url:
+        return _attached_baseline(option, bv, prepared)
+    if isinstance(option.target, Served):
+        raise Refused(f"no stored baseline matches the server at {option.target.url} (pairing key {option.key}); give "
+                      "the running baseline server as baseline.url, or set baseline.pair=false")
+    spec, validation = validated_spec(bv.config)
+    return Arming(bv, spec, validation, option.key)
+
+
+def _stored_baseline(client, exp_id: str, option: Arming):
+    host, b = _host(option), option.run.baseline
+    found = find_baseline(client, exp_id, option.key, host, b.max_age_h, b.allow_loaded_host)
     if found is not None:
         console.print(f"paired with baseline run {found.info.run_id}")
-    elif not allow_loaded and (loaded := find_baseline(client, exp_id, key, host, max_age_h, True)) is not None:
+    elif not b.allow_loaded_host and (loaded := find_baseline(client, exp_id, option.key, host, b.max_age_h,
+                                                              True)) is not None:
         console.print(f"stored baseline run {loaded.info.run_id} matches but was measured while other processes kept "
                       "the host busy (specws.host_loaded): not reused; baseline.allow_loaded_host=true reuses it")
     return found
 
 
-def _attached_baseline(bcfg: DictConfig, bv: RunView, url: str, key: str, prepared: PreparedWorkload,
-                       target: Target | None) -> tuple[Served, None]:
+def _attached_baseline(option: Arming, bv: RunView, prepared: PreparedWorkload) -> Arming:
     """The running baseline server of `baseline.url`: refused unless it is the option's server in everything
     but speculation (both read back from the servers)."""
+    target, url = option.target, option.run.baseline.url
     if not isinstance(target, Served):
         raise Refused("baseline.url pairs a running baseline with a running option server: give the option's as "
                       "server.url, or leave baseline.url unset to launch the baseline")
     served = attached(bv, url, prepared)
-    if served_pair_key(bcfg, served, prepared.digest) != key:
+    if served_pair_key(bv.config, served, prepared.digest) != option.key:
         differ = settings_mismatch(target.settings, served.settings)
         if target.version != served.version:
             differ.insert(0, f"engine version: {target.version} vs {served.version}")
         raise PairingRefused(f"the baseline server at {url} differs from the option's at {target.url} in more than "
                              f"speculation: {'; '.join(differ[:20]) or 'settings one of them does not report'}")
-    return served, None
+    return Arming(bv, served, None, option.key)
 
 
-def run_measured(cfg: DictConfig, v: RunView, target: Target, validation: Validation | None, key: str, baseline,
-                 prepared: PreparedWorkload, post_run: Sequence[PostRun] = ()) -> dict:
+def record_measured(side: Arming, baseline, prepared: PreparedWorkload, hooks: Hooks) -> dict:
     """One measured MLflow run, ended FINISHED / FAILED / KILLED by the one run lifecycle. The measurement is
     exported on every way out, metrics before any artifact; an artifact that could not be written fails the run
     last, with the first such error."""
-    with _measured_run(cfg, v, target, validation, key, prepared) as (run, m, uploads):
+    with _measured_run(side, prepared) as (run, m, uploads):
         try:
-            measure(m, cfg, v, target, baseline, prepared, validation, run.client)
+            measure(m, side.run, side.target, baseline, prepared, side.validation, run.client)
         finally:
             export(run.client, run.id, m, uploads)
-        _post_run(run, post_run, baseline, target.engine)
+        _post_run(run, hooks.post_run, baseline, side.target.engine)
         uploads.raise_first()
     return {"run_id": run.id, **m.metrics}
 
 
-def run_interleaved_pair(cfg: DictConfig, v: RunView, target: LaunchSpec, validation: Validation, key: str,
-                         prepared: PreparedWorkload, post_run: Sequence[PostRun] = ()) -> dict:
+def interleaved(option: Arming, prepared: PreparedWorkload, hooks: Hooks) -> dict:
     """Option and a fresh baseline paired in time (baseline.timing=interleaved): both servers up together, each
     block of first-seen prompts sent to one and then the other (ABBA), two runs open at once. The baseline's
     measurement is exported first, then the option is compared with it; both are exported on every way out."""
-    bcfg = with_option(cfg, "baseline")
-    bcfg.run.name = f"baseline-{v.workload.label}"
-    bv = views_of(bcfg)
-    btarget, bvalidation = validated_spec(bcfg)
+    base = _arm_baseline(option, prepared)
     console.print("option and baseline paired in time: both servers up together, blocks of first-seen prompts "
                   f"in ABBA order ({prepared.plan.repetitions} block(s) per level)")
-    with _measured_run(bcfg, bv, btarget, bvalidation, key, prepared) as (brun, bm, buploads), \
-            _measured_run(cfg, v, target, validation, key, prepared) as (run, m, uploads):
-        arms = (Arm(m, v, target, validation), Arm(bm, bv, btarget, bvalidation))
+    with _measured_run(base, prepared) as (brun, bm, buploads), \
+            _measured_run(option, prepared) as (run, m, uploads):
+        arms = (Arm(m, option.run, option.target, option.validation),
+                Arm(bm, base.run, base.target, base.validation))
         bm.tags["specws.paired_option_run_id"] = run.id
         try:
             try:
-                measure_interleaved(arms, cfg, prepared)
+                measure_interleaved(arms, prepared)
             finally:
                 for arm in arms:
                     arm.close()
@@ -252,27 +299,31 @@ def run_interleaved_pair(cfg: DictConfig, v: RunView, target: LaunchSpec, valida
                 check_error_share(arm.m.summary, prepared.workload.max_error_share)
         finally:
             export(run.client, run.id, m, uploads)
-        _post_run(brun, post_run, None, btarget.engine)
-        _post_run(run, post_run, baseline, target.engine)
+        _post_run(brun, hooks.post_run, None, base.target.engine)
+        _post_run(run, hooks.post_run, baseline, option.target.engine)
         buploads.raise_first()
         uploads.raise_first()
     return {"run_id": run.id, "baseline_run_id": brun.id, **m.metrics}
 
 
+MODES: dict[str, Callable[[Arming, PreparedWorkload, Hooks], dict]] = {
+    "dry_run": dry_run, "forecast": forecast, "interleaved": interleaved, "sequential": sequential}
+
+
 @contextmanager
-def _measured_run(cfg: DictConfig, v: RunView, target: Target, validation: Validation | None, key: str,
-                  prepared: PreparedWorkload) -> Iterator[tuple[TrackedRun, Measurement, Uploads]]:
+def _measured_run(side: Arming, prepared: PreparedWorkload) -> Iterator[tuple[TrackedRun, Measurement, Uploads]]:
     """An open measured run with its launch record and workload logged: (run, its Measurement, its Uploads)."""
+    v = side.run
     name = v.run.name or f"{v.option}-{v.workload.label}"
-    tags = engine_tags(cfg, _version(target, validation)) | {"specws.pair_key": key, "specws.host": _host(cfg, target)}
-    with open_run(cfg, "measure", name, tags) as run:
+    tags = engine_tags(side.cfg, side.version) | {"specws.pair_key": side.key, "specws.host": _host(side)}
+    with open_run(side.cfg, "measure", name, tags) as run:
         m = Measurement(out_dir() / f"records-{run.id}.jsonl")
         m.records_path.touch()   # named by every way the run ends, before a request finishes
-        console.print(f"MLflow run [bold]{name}[/] ({run.id}) in {cfg.tracking.experiment}; records: {m.records_path}")
+        console.print(f"MLflow run [bold]{name}[/] ({run.id}) in {v.tracking.experiment}; records: {m.records_path}")
         run.client.set_tag(run.id, "specws.records_path", str(m.records_path))
         uploads = Uploads(run.client, run.id, m.records_path)
-        export_inputs(uploads, *_launch_record(target))
-        _log_workload(run.client, uploads, run.id, cfg, prepared)
+        export_inputs(uploads, *_launch_record(side.target))
+        _log_workload(run.client, uploads, run.id, v, prepared)
         yield run, m, uploads
 
 
@@ -286,15 +337,15 @@ def _post_run(run, post_run: Sequence[PostRun], baseline, engine: str) -> None:
             console.print(f"[yellow]post-run {processor.__name__} failed[/]: {exc}")
 
 
-def _log_workload(client, uploads: Uploads, run_id: str, cfg: DictConfig, prepared: PreparedWorkload) -> None:
+def _log_workload(client, uploads: Uploads, run_id: str, v: RunView, prepared: PreparedWorkload) -> None:
     client.set_tag(run_id, "specws.prompts_digest", prepared.digest)
     uploads.dict(prepared.plan.describe(), "workload_plan.json")
     rows = [{"id": c.id, "category": c.category, "turns": c.num_turns, "source": c.source,
              "text": (c.raw_prompt or "\n---\n".join(c.user_turns))[:2000]} for c in prepared.conversations]
     measured = prepared.measured_ids()
     client.set_tag(run_id, "specws.measured_digest", measured_digest(rows, measured))
-    uploads.write("prompt_set.json", lambda: log_prompt_dataset(client, run_id, str(cfg.workload.name),
-                                                                str(cfg.workload.prompt_set), rows, prepared.digest,
+    uploads.write("prompt_set.json", lambda: log_prompt_dataset(client, run_id, v.workload.name,
+                                                                v.workload.prompt_set, rows, prepared.digest,
                                                                 measured))
 
 

@@ -7,9 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from experiments.config.views import WorkloadView
+from experiments.config.views import RunView, WorkloadView
 from experiments.harness.workloads.formats import Conversation, WorkloadError
 from experiments.harness.workloads.loader import SHAREGPT, load_workload, prompt_set_digest
 from experiments.harness.workloads.render import fit_to_context, render_turn
@@ -43,16 +41,16 @@ def _tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def prepare_workload(cfg: DictConfig, w: WorkloadView) -> PreparedWorkload:
-    """The workload `w` (the run's typed view) for the model of `cfg`; raises WorkloadError naming the file,
-    line and fix."""
+def prepare_workload(run: RunView) -> PreparedWorkload:
+    """The run's workload for its model; raises WorkloadError naming the file, line and fix."""
+    w = run.workload
     # real conversations (ShareGPT: ~90k of them) are sampled first and cut to fit; a user's file is refused
     cut = w.prompt_set == SHAREGPT
     sample = w.num_prompts + w.warmup_requests + SHAREGPT_SPARE if cut and w.num_prompts else None
     convs = load_workload(w.prompt_set, w.format, sample, w.seed, w.max_turns)
-    tokenizer = _tokenizer(str(cfg.model.path))
+    tokenizer = _tokenizer(run.model.path)
     if tokenizer is not None:
-        convs = fit_to_context(convs, tokenizer, int(cfg.model.max_model_len), w.max_tokens, cut)
+        convs = fit_to_context(convs, tokenizer, int(run.model.max_model_len), w.max_tokens, cut)
     slices = w.repetitions * w.blocks   # per level: its repetitions, each in blocks
     plan = plan_visits(convs, w.concurrency, slices, w.warmup_requests, w.seed, w.reuse_prompts, w.num_prompts)
     return PreparedWorkload(convs, plan, prompt_set_digest(convs), tokenizer, w)

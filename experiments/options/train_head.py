@@ -2,16 +2,17 @@
 ordinary runner as option C, linked to the training run."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.config.errors import Refused
 from experiments.config.overlays import with_option
+from experiments.config.views import RunView, views_of
 from experiments.engines.config import engine_tags
 from experiments.harness.measure import console
-from experiments.harness.pipeline import PostRun, measure_option
+from experiments.harness.pipeline import Hooks, measure_option
 from experiments.harness.prepare import PreparedWorkload
 from experiments.tracking.runs import open_run
 from experiments.tracking.store import flatten, log_inputs
@@ -20,21 +21,25 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 
-def train_and_evaluate(cfg: DictConfig, prepared: PreparedWorkload, post_run: Sequence[PostRun] = ()) -> dict:
+def train_and_evaluate(run: RunView, prepared: PreparedWorkload, hooks: Hooks) -> dict:
     """Option D's runner. A dry run validates the evaluation's command line; a model that is not embedded gets
     SpecForge's checked plan (training runs on the box)."""
-    if cfg.run.dry_run:
-        return measure_option(cfg, prepared, post_run)
+    cfg = run.config
+    if run.run.forecast:
+        raise Refused("option D trains a head before anything can be forecast: run.forecast=true is for options "
+                      "that are one measurement (forecast the trained head as +option=C spec.draft_model=<head>)")
+    if run.run.dry_run:
+        return measure_option(run, prepared, hooks)
     if not cfg.model.embedded:
         from experiments.options.specforge_plan import plan
         return plan(cfg)
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
-    with open_run(cfg, "train", "D-train", engine_tags(cfg, "n/a"), params) as run:
-        console.print(f"MLflow run [bold]D-train[/] ({run.id}): training an EAGLE-3 head for {cfg.model.name}")
-        metrics = _train(cfg, run.client, run.id)
-    result = measure_option(_as_evaluation(cfg, run.id), prepared, post_run)
-    run.client.set_tag(run.id, "specws.evaluation_run_id", result.get("run_id", ""))
-    return {"training_run_id": run.id, "training": metrics, **result}
+    with open_run(cfg, "train", "D-train", engine_tags(cfg, "n/a"), params) as training:
+        console.print(f"MLflow run [bold]D-train[/] ({training.id}): training an EAGLE-3 head for {run.model.name}")
+        metrics = _train(cfg, training.client, training.id)
+    result = measure_option(views_of(_as_evaluation(cfg, training.id)), prepared, hooks)
+    training.client.set_tag(training.id, "specws.evaluation_run_id", result.get("run_id", ""))
+    return {"training_run_id": training.id, "training": metrics, **result}
 
 
 def _train(cfg: DictConfig, client: MlflowClient, run_id: str) -> dict:

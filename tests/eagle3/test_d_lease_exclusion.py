@@ -42,8 +42,9 @@ def _jobs(argv: list[str]) -> list[list[str]]:
 def _served(job: list[str]) -> tuple[list, list, str]:
     """(what the run sends: the prepared conversations, the seeded sample they came from, the workload's name)."""
     cfg = compose_cfg(*job, "site=h200")
-    w = views_of(cfg).workload
-    prepared = prepare_workload(cfg, w)
+    run = views_of(cfg)
+    w = run.workload
+    prepared = prepare_workload(run)
     sample = w.num_prompts + w.warmup_requests + SHAREGPT_SPARE if w.prompt_set == SHAREGPT else None
     drawn = load_workload(w.prompt_set, w.format, sample, w.seed, w.max_turns)
     return prepared.conversations, drawn, cfg.workload.name

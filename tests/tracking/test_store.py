@@ -87,7 +87,7 @@ def _logged_dataset(client: MlflowClient, exp: str, workload: str, tmp: Path) ->
     from experiments.harness.prepare import prepare_workload
 
     cfg = compose_cfg("+option=A", f"workload={workload}", "model.path=/nonexistent")
-    prepared = prepare_workload(cfg, views_of(cfg).workload)
+    prepared = prepare_workload(views_of(cfg))
     rows = [{"id": c.id, "category": c.category, "text": "\n---\n".join(c.user_turns)} for c in prepared.conversations]
     run_id = client.create_run(exp, run_name=workload).info.run_id
     log_prompt_dataset(client, run_id, workload, str(cfg.workload.prompt_set), rows, prepared.digest,

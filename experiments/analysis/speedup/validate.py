@@ -27,8 +27,14 @@ from experiments.analysis.contamination import check_contamination
 from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.forecast import ForecastUnavailable, HostOutsideProfile, forecast
 from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, RequestSteps, offline_steps
-from experiments.analysis.speedup.stepcost import (PROFILES, StepCostProfile, fit_profile, key_of, level_steps,
-                                                   save_profile)
+from experiments.analysis.speedup.stepcost import (
+    PROFILES,
+    StepCostProfile,
+    fit_profile,
+    key_of,
+    level_steps,
+    save_profile,
+)
 from experiments.analysis.stats import UNCLEAR, records_speedup, verdict
 from experiments.config.paths import ROOT, cache_dir
 from experiments.tracking.import_runs import archive_stem, store_archive
