@@ -131,7 +131,7 @@ def compare(a: RunFacts, b: RunFacts) -> list[Difference]:
 
 def resolve_run(client, ref: str) -> str:
     """A run id of the store: `ref` itself, else the run imported from offline id `ref` (or a prefix of it)."""
-    from experiments.analysis.report_runs import _lookup_errors
+    from experiments.analysis.report.inputs import _lookup_errors
     try:
         return client.get_run(ref).info.run_id
     except _lookup_errors():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from experiments.analysis.report_runs import _lookup_errors
+from experiments.analysis.report.inputs import _lookup_errors
 from experiments.engines.served import flat
 from experiments.engines.server_log import read_log, resolved_args
 

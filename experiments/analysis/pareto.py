@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.analysis.recommend_rows import NO_SPECULATION, Load, choice_label
-from experiments.analysis.report_figure import panel_titles
+from experiments.analysis.recommend.decision import NO_SPECULATION, Load, choice_label
+from experiments.analysis.report.figure import panel_titles
 from experiments.analysis.runs import run_config
 from experiments.analysis.speedup.model import levels_of
 

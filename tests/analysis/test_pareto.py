@@ -9,8 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from experiments.analysis.categories import ALL, acceptor, category_rows
 from experiments.analysis.pareto import as_json, frontier, pareto_figure, pareto_points
-from experiments.analysis.recommend_rows import NO_SPECULATION
-from experiments.analysis.report_runs import Records, select_runs
+from experiments.analysis.recommend.decision import NO_SPECULATION
+from experiments.analysis.report.inputs import Records, select_runs
 from tests.analysis import leases
 from tests.analysis.leases import H200_EXPERIMENT
 

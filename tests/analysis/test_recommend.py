@@ -16,7 +16,7 @@ from conftest import VLLM_PYTHON
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.recommend import Recommendation, build, main
-from experiments.analysis.recommend_rows import (
+from experiments.analysis.recommend.decision import (
     DECIDED,
     INCONCLUSIVE,
     NO_SPECULATION,
@@ -239,8 +239,8 @@ def test_the_command_writes_and_logs_the_recommendation(cpu_store: str, tmp_path
 def test_an_engines_caveat_names_only_a_setting_someone_chose_and_says_what_to_do(cpu_store: str) -> None:
     """Option A on vLLM gets vLLM's window 2-4 from the workspace: SGLang's "no such setting" is nobody's to act on.
     A window someone chose (3-5) is named, with what to do about it on SGLang."""
-    from experiments.analysis.recommend_flags import choice_flags
-    from experiments.analysis.recommend_render import caveats
+    from experiments.analysis.recommend.flags import choice_flags
+    from experiments.analysis.recommend.render import caveats
     client = MlflowClient(cpu_store)
     options, all_runs, _, _ = select_runs(client, CPU_EXPERIMENT)
     rec = next(r for r in build(client, options, all_runs) if r.workload == "grounded").as_dict()
@@ -259,7 +259,7 @@ def cand_spec(options: list) -> dict:
 
 
 def test_the_tables_explain_their_columns_in_words(cpu_store: str) -> None:
-    from experiments.analysis.recommend_render import html_section, markdown
+    from experiments.analysis.recommend.render import html_section, markdown
     client = MlflowClient(cpu_store)
     options, all_runs, _, _ = select_runs(client, CPU_EXPERIMENT)
     recs = build(client, options, all_runs)

@@ -13,8 +13,8 @@ from conftest import compose_cfg
 from omegaconf import OmegaConf
 
 from experiments.analysis.recommend import build, write
-from experiments.analysis.recommended import main
-from experiments.analysis.report_runs import select_runs
+from experiments.analysis.recommend.remeasure import main
+from experiments.analysis.report.inputs import select_runs
 from experiments.config.paths import ROOT
 from experiments.tracking.import_runs import offline_folder, store_archive
 from experiments.tracking.offline_store import OfflineClient

@@ -16,8 +16,8 @@ from mlflow.tracking import MlflowClient
 
 from experiments.analysis.categories import acceptor, category_rows
 from experiments.analysis.report import CONTAMINATED, OptionSeries, Point, build_series, main, select_runs, t_interval
-from experiments.analysis.report_figure import figure
-from experiments.analysis.report_html import page
+from experiments.analysis.report.figure import figure
+from experiments.analysis.report.page import page
 from experiments.engines.vllm_engine import VLLMAdapter
 from experiments.harness.summary import summarize
 from experiments.tracking.records import load_records

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import import_into
 
-from experiments.analysis.report_host import cross_host_diff, host_rows, html_section
+from experiments.analysis.report.host import cross_host_diff, host_rows, html_section
 
 JOURNAL = Path(__file__).resolve().parents[2] / "docs" / "journal"
 EXPERIMENT = "smollm2_135m@h200"

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from experiments.analysis.report import OptionSeries, Point, main
-from experiments.analysis.report_figure import figure
+from experiments.analysis.report.figure import figure
 from tests.analysis import leases
 from tests.analysis.leases import CPU_EXPERIMENT, copy_store
 
@@ -88,8 +88,8 @@ def test_the_report_carries_the_recommendation_slo_verdicts_and_frontier(cpu_sto
 
 def test_the_recommendation_section_escapes_what_came_from_runs() -> None:
     from experiments.analysis.recommend import Recommendation
-    from experiments.analysis.recommend_render import html_section, markdown
-    from experiments.analysis.recommend_rows import Candidate, Load, decide
+    from experiments.analysis.recommend.decision import Candidate, Load, decide
+    from experiments.analysis.recommend.render import html_section, markdown
     from experiments.analysis.stats import Interval
     spec = {"method": "ngram", "num_steps": None, "topk": None, "num_draft_tokens": 4, "draft_model": None,
             "moe_expert_budget": None, "ngram": {"min_match": 2, "max_match": 4}}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from experiments.analysis.report_telemetry import html_section, telemetry_figure, telemetry_of
+from experiments.analysis.report.telemetry import html_section, telemetry_figure, telemetry_of
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
 from experiments.harness.summary import add_level_metrics, summarize

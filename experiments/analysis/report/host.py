@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from experiments.analysis.report_html import _num
+from experiments.analysis.report.page import _num
 
 # tags that tell one host (or lease) from another
 HOST_KEYS = ("host.cpu_model", "host.gpu", "host.kernel", "specws.host", "host.platform")
@@ -58,7 +58,7 @@ def cross_host_diff(client, options: list) -> str:
     if len(groups) < 2:
         return ""
     from experiments.analysis.diff import diff_runs, render
-    from experiments.analysis.report_runs import config_key
+    from experiments.analysis.report.inputs import config_key
     same = [(x, y) for x in groups[0] for y in groups[1] if config_key(x) == config_key(y)]
     first, second = same[0] if same else (groups[0][0], groups[1][0])   # the same configuration where there is one
     a, b = first.info.run_id, second.info.run_id

@@ -5,7 +5,7 @@ import base64
 from html import escape
 from typing import Any
 
-from experiments.analysis.report_figure import panel_titles
+from experiments.analysis.report.figure import panel_titles
 
 STYLE = ("body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px 8px}"
          "table{border-collapse:collapse}.bad{color:#b00}"
@@ -75,9 +75,9 @@ def _contamination_rows(series: list) -> str:
 def page(series: list, png: bytes, title: str, recommendation: str = "", pareto: bytes | None = None,
          telemetry: str = "", host: str = "") -> str:
     """`series`: report.OptionSeries (label, workload, points, categories, contamination, verdict());
-    `recommendation`: the Recommendation section's HTML (experiments/analysis/recommend_render.py); `pareto`: the
+    `recommendation`: the Recommendation section's HTML (experiments/analysis/recommend/render.py); `pareto`: the
     throughput vs per-user speed figure; `telemetry`: the Telemetry section's HTML
-    (experiments/analysis/report_telemetry.py); `host`: the Host section's (experiments/analysis/report_host.py)."""
+    (experiments/analysis/report/telemetry.py); `host`: the Host section's (experiments/analysis/report/host.py)."""
     where = panel_titles(series)     # the workload, with its prompt set once, here
     verdicts = "".join(f"<li><b>{escape(s.label)}</b> on {escape(where[s.workload])}: {escape(s.verdict())}</li>"
                        for s in series)

@@ -1,6 +1,6 @@
 """The runner overrides that measure a recommendation's choice again, for one load:
 
-    python -m experiments.analysis.recommended <recommendation-*.json | its folder> --arrival poisson --rate 32
+    python -m experiments.analysis.recommend.remeasure <recommendation-*.json | its folder> --arrival poisson --rate 32
         [--concurrency C] [--workload NAME] [--tracking-uri URI]
 
 prints `+option=X spec.<key>=<value> ...` on one line, read from the params of the runs the choice was decided on
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.analysis.recommend_rows import NO_SPECULATION
+from experiments.analysis.recommend.decision import NO_SPECULATION
 from experiments.analysis.speedup.probe import client_for
 
 
@@ -64,7 +64,7 @@ def overrides_of(run: Any) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.analysis.recommended",
+    ap = argparse.ArgumentParser(prog="python -m experiments.analysis.recommend.remeasure",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("recommendation", type=Path, help="recommendation-*.json, or the folder recommend wrote it to")
     ap.add_argument("--arrival", default="closed", help="closed | poisson | gamma")

@@ -37,9 +37,8 @@ import numpy as np
 from scipy import stats
 
 from experiments.analysis.categories import ALL, category_rows, distinct_rows
-from experiments.analysis.report_figure import figure
-from experiments.analysis.report_html import page
-from experiments.analysis.report_runs import (
+from experiments.analysis.report.figure import figure
+from experiments.analysis.report.inputs import (
     CONTAMINATED,
     Records,
     ReportInputError,
@@ -54,6 +53,7 @@ from experiments.analysis.report_runs import (
     since_ms,
     target_of,
 )
+from experiments.analysis.report.page import page
 from experiments.analysis.runs import run_config
 from experiments.analysis.slo import BREAKS_SLO, level_verdict, slo_levels
 from experiments.analysis.speedup.fit import ngram_sources, probe_b_tok, probe_slopes, replayed_tokens_per_step
@@ -62,7 +62,7 @@ from experiments.analysis.words import few_prompts, levels_words
 from experiments.tracking.lifecycle import tracked_run
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-# the run selection lives in report_runs.py; these names stay importable from here
+# the run selection lives in inputs.py; these names stay importable from here and from the package
 __all__ = ["CONTAMINATED", "OptionSeries", "Point", "ReportInputError", "build_series", "main", "records_of",
            "select_runs", "t_interval", "verdict_of"]
 
@@ -351,7 +351,7 @@ def _write(client, options: list, all_runs: list, records: Records, series: list
     and its points, the recommendation (JSON, Markdown); returns their paths and the verdicts."""
     from experiments.analysis.pareto import as_json, pareto_figure, pareto_points
     from experiments.analysis.recommend import build, write
-    from experiments.analysis.recommend_render import html_section
+    from experiments.analysis.recommend.render import html_section
     out.mkdir(parents=True, exist_ok=True)
     recs = build(client, options, all_runs, records)
     points = pareto_points(options, all_runs, records)
@@ -362,8 +362,8 @@ def _write(client, options: list, all_runs: list, records: Records, series: list
     paths["pareto"].write_bytes(frontier)
     paths["pareto_json"].write_text(json.dumps(as_json(points), indent=1))
     telemetry = _telemetry(client, options, all_runs, out / f"telemetry-{stem}.png", paths)
-    from experiments.analysis import report_host
-    host = report_host.html_section(client, options, all_runs)
+    from experiments.analysis.report.host import html_section as host_section
+    host = host_section(client, options, all_runs)
     paths["html"].write_text(page(series, png, title, html_section(recs), frontier, telemetry, host))
     paths["recommendation_json"], paths["recommendation_md"] = write(recs, out, stem, title)
     verdicts = {f"{s.label} | {s.workload}": {
@@ -376,7 +376,7 @@ def _write(client, options: list, all_runs: list, records: Records, series: list
 def _telemetry(client, options: list, all_runs: list, path: Path, paths: dict[str, Path]) -> str:
     """The Telemetry section's HTML over the options and their baselines; its figure into `path` (and `paths`)
     when any run has samples."""
-    from experiments.analysis.report_telemetry import html_section, telemetry_figure, telemetry_of
+    from experiments.analysis.report.telemetry import html_section, telemetry_figure, telemetry_of
     by_id = {r.info.run_id: r for r in all_runs}
     bases = {r.data.tags.get("specws.baseline_run_id") for r in options}
     runs = telemetry_of(client, list({r.info.run_id: r for r in options + [by_id[b] for b in bases

@@ -14,7 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from experiments.analysis.report_runs import _lookup_errors
+from experiments.analysis.report.inputs import _lookup_errors
 from experiments.harness.telemetry import HOST, SAMPLE_INTERVAL_S, TABLE, TAG, WINDOWS
 
 MAX_RUNS = 8          # rows of the figure; the table lists every run

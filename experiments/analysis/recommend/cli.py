@@ -1,9 +1,9 @@
 """One answer per load: for each workload and load (a closed-loop concurrency level, or an open-loop arrival rate
 with its concurrency cap) the configuration to deploy -- an option with its draft setting, or no speculation --
 decided on the lower end of the paired speedup interval with the latency targets met
-(experiments/analysis/recommend_rows.py), contiguous levels with the same choice as one range, each choice's flags
+(experiments/analysis/recommend/decision.py), contiguous levels with the same choice as one range, each choice's flags
 for SGLang and vLLM from the engine adapters, and what one deployment does across the range
-(experiments/analysis/recommend_flags.py). How it decides and what the engines offer: docs/reference/recommend.md.
+(experiments/analysis/recommend/flags.py). How it decides and what the engines offer: docs/reference/recommend.md.
 
 `python -m experiments.analysis.recommend <experiment name | parent run id> [--tracking-uri URI]` (or
 `--experiment <experiment name | parent run id>`, as `report` takes it too)
@@ -24,9 +24,9 @@ from typing import Any
 
 from experiments.analysis.categories import ALL, category_rows
 from experiments.analysis.forecast_prior import forecast_prior
-from experiments.analysis.recommend_flags import ADAPTIVE_FILE, choice_flags, schedule
-from experiments.analysis.recommend_rows import Candidate, Decision, Load, Range, choice_label, collapse, decide
-from experiments.analysis.report_runs import (
+from experiments.analysis.recommend.decision import Candidate, Decision, Load, Range, choice_label, collapse, decide
+from experiments.analysis.recommend.flags import ADAPTIVE_FILE, choice_flags, schedule
+from experiments.analysis.report.inputs import (
     CONTAMINATED,
     Records,
     ReportInputError,
@@ -159,7 +159,7 @@ def log_recommendation(client: Any, run_id: str, recs: list[Recommendation], jso
 def write(recs: list[Recommendation], out: Path, stem: str, title: str) -> tuple[Path, Path]:
     import json
 
-    from experiments.analysis.recommend_render import markdown
+    from experiments.analysis.recommend.render import markdown
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"recommendation-{stem}.json", out / f"recommendation-{stem}.md"
     json_path.write_text(json.dumps({"title": title, "workloads": [r.as_dict() for r in recs]}, indent=1,
@@ -169,7 +169,7 @@ def write(recs: list[Recommendation], out: Path, stem: str, title: str) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.analysis.report_runs import add_target, iso, since_ms, target_of
+    from experiments.analysis.report.inputs import add_target, iso, since_ms, target_of
     from experiments.analysis.speedup.probe import client_for
     from experiments.config.paths import ROOT
     from experiments.tracking.lifecycle import tracked_run

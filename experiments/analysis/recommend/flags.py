@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from experiments.analysis.recommend_rows import NO_SPECULATION, Candidate, Decision
+from experiments.analysis.recommend.decision import NO_SPECULATION, Candidate, Decision
 from experiments.config.views import spec_view
 from experiments.engines import ENGINE_NAMES, adapter_for
 
