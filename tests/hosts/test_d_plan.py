@@ -19,8 +19,8 @@ from tests.helpers.plans import dry_runs, host_stage, planned_steps
 PLAN = ROOT / "bin" / "d-plan"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 PLAN_VARIABLES = ("D_TRAIN_ARGS", "D_FALLBACK_ARGS", "D_TRAIN_EXTRA", "D_OVERRIDES", "D_PROMPTS", "D_WORKLOADS",
-                  "D_MINUTES", "D_Q25_MINUTES", "D_Q25_NEED", "D_T07_NEED", "D_COMMITTED_NEED", "D_TRAIN_TIMEOUT", "D_SKIP_TRAIN",
-                  "PLAN_BUDGET_S")
+                  "D_MINUTES", "D_Q25_MINUTES", "D_Q25_NEED", "D_T07_NEED", "D_COMMITTED_NEED", "D_TRAIN_TIMEOUT",
+                  "D_SKIP_TRAIN", "PLAN_BUDGET_S")
 STEPS = ["train", "train-fallback", "q25", "B-new", "t07-new", "t07-committed", "B-committed"]
 # tiny trainer runs for the CPU rehearsal (appended to every trainer run: the last flag wins)
 TINY = ("--device cpu --num-conversations 4 --val-fraction 0.4 --max-turns 2 --max-context-tokens 384 "
