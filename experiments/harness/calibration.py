@@ -60,8 +60,11 @@ class ProbeProcess:
 
     def ask(self, timeout_s: float) -> dict:
         """One sample; RuntimeError (with the probe's stderr) where it died or did not answer in time."""
-        self.proc.stdin.write(b"probe\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(b"probe\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:   # it died before the question: the same answer as dying before the reply
+            raise RuntimeError(f"the probe exited ({self.proc.wait()}){self._why()}") from None
         return json.loads(self._line(timeout_s))
 
     def _line(self, timeout_s: float) -> bytes:

@@ -84,3 +84,9 @@ def test_the_engines_cpu_time_over_a_level_per_process() -> None:
     child = next(v for k, v in window["per_process_s"].items() if k.endswith(f"[{busy.pid}]"))
     assert 0.3 < child <= window["cpu_s"] and window["ms_per_token"] == pytest.approx(10.0 * window["cpu_s"])
     assert 0.0 < window["busiest_share"] <= 1.2
+
+
+def test_a_probe_dead_before_the_question_reads_as_exited() -> None:
+    calibration = HostCalibration("/bin/false")
+    calibration.probe.proc.wait()            # gone before the first question: the write breaks the pipe
+    assert calibration.before(1) is None and calibration.status.startswith("off: the probe exited (1)")
