@@ -14,6 +14,8 @@ class HeadLayout:
     aux_id_meaning: str
 
     def aux_layer_ids(self, ids: tuple[int, ...] | list[int]) -> list[int]:
+        if not ids:
+            raise ValueError(f"no aux layer ids given for {self.engine}: an EAGLE-3 head needs at least one")
         shifted = [int(i) - self.aux_id_offset for i in ids]
         if min(shifted) < 0:
             raise ValueError(f"aux layer ids {list(ids)} cannot be expressed for {self.engine} ({self.aux_id_meaning})")

@@ -17,7 +17,8 @@ def parse_and_check(parser: argparse.ArgumentParser, argv: list[str],
         with contextlib.redirect_stderr(err):
             ns = parser.parse_args(argv)
     except SystemExit:
-        result["error"] = err.getvalue().strip().splitlines()[-1]
+        lines = err.getvalue().strip().splitlines()
+        result["error"] = lines[-1] if lines else _silent_exit(parser, argv)
         return result
     try:
         limits = then(ns)
@@ -28,3 +29,14 @@ def parse_and_check(parser: argparse.ArgumentParser, argv: list[str],
     if limits:
         result["limits"] = limits
     return result
+
+
+def _silent_exit(parser: argparse.ArgumentParser, argv: list[str]) -> str:
+    """Why the parser stopped without writing an error: a flag that prints and exits (--help, --version), which
+    is no server setting."""
+    exiting = {option for action in parser._actions   # help and version: no value, no default
+               if action.nargs == 0 and action.default == argparse.SUPPRESS for option in action.option_strings}
+    named = [arg for arg in argv if arg.split("=", 1)[0] in exiting]   # vLLM reads --help=<group>
+    if named:
+        return f"{' '.join(named)} exits the parser without an error message (it is not a server flag)"
+    return "the command line exits the parser without an error message"

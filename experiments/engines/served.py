@@ -52,11 +52,18 @@ class Served:
 
 
 def flat(node: object, prefix: str = "") -> dict[str, str]:
-    """Nested JSON as dotted keys -> text (lists as JSON)."""
+    """Nested JSON as dotted keys -> text (lists as JSON). An empty mapping given whole contributes nothing; one
+    nested inside is a setting whose value is empty ('{}')."""
+    if isinstance(node, dict) and not node:
+        return {}
+    return _flat(node, prefix)
+
+
+def _flat(node: object, prefix: str) -> dict[str, str]:
     if isinstance(node, dict) and node:
         out: dict[str, str] = {}
         for key, value in node.items():
-            out |= flat(value, f"{prefix}.{key}" if prefix else str(key))
+            out |= _flat(value, f"{prefix}.{key}" if prefix else str(key))
         return out
     return {prefix: json.dumps(node) if isinstance(node, list) else str(node)}
 
@@ -107,8 +114,9 @@ def _set_instance(served: Served, start: float | None) -> None:
 
 
 def read_vllm(url: str) -> Served:
-    version = (get_json(f"{url}/version") or {}).get("version", "unknown")
-    served = Served(url, "vllm", str(version), sources=["/version"])
+    answer = get_json(f"{url}/version")
+    version = (answer or {}).get("version", "unknown")
+    served = Served(url, "vllm", str(version), sources=["/version"] if answer is not None else [])
     models = (get_json(f"{url}/v1/models") or {}).get("data") or []
     if models:
         served.sources.append("/v1/models")

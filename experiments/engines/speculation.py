@@ -98,10 +98,17 @@ class SGLangSpeculation(Speculation):
         return NgramWindow(1, int(depth), max(1, spec.num_draft_tokens - 1), exact=False, prompt_tail=int(depth))
 
     def graph_batch_limit(self, args: list[str]) -> int | None:
+        """The first of the flags given, as `--flag value` or `--flag=value` (argparse takes both)."""
         for flag in self.graph_batch_flags:
-            if flag in args[:-1]:
+            for i, arg in enumerate(args):
+                if arg == flag and i + 1 < len(args):
+                    value = args[i + 1]
+                elif arg.startswith(f"{flag}="):
+                    value = arg.split("=", 1)[1]
+                else:
+                    continue
                 try:
-                    return int(args[args.index(flag) + 1])
+                    return int(value)
                 except ValueError:
                     return None
         return None

@@ -25,3 +25,8 @@ def test_aux_layer_ids_accept_lists_and_text_digits() -> None:
 def test_convention_names_engine_and_meaning() -> None:
     assert head_layout("sglang").convention == "sglang: id k = output of target layer k"
     assert head_layout("vllm").convention == "vllm: id k = input of target layer k (hidden_states[k])"
+
+
+def test_aux_layer_ids_refuse_an_empty_list_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^no aux layer ids given for sglang: an EAGLE-3 head needs at least one$"):
+        head_layout("sglang").aux_layer_ids([])

@@ -45,3 +45,21 @@ def test_an_unknown_flag_is_named() -> None:
 def test_a_check_that_raises_gives_its_type_and_message() -> None:
     result = parse_and_check(_parser(), ["--max-num-seqs", "0"], _limits, "0.32")
     assert result == {"ok": False, "version": "0.32", "error": "ValueError: max_num_seqs must be positive, got 0"}
+
+
+def test_a_help_flag_is_refused_by_name_not_with_an_index_error() -> None:
+    result = parse_and_check(_parser(), ["--max-num-seqs", "8", "--help"], _limits, "0.32")
+    assert (result["ok"], result["version"]) == (False, "0.32")
+    assert result["error"] == "--help exits the parser without an error message (it is not a server flag)"
+
+
+def test_a_silent_exit_without_a_known_flag_still_says_so() -> None:
+    parser = _parser()
+    parser.add_argument("--quit", action="store_true")
+
+    def _parse(args=None, namespace=None):
+        raise SystemExit(0)
+
+    parser.parse_args = _parse
+    assert parse_and_check(parser, ["--quit"], _limits, "v")["error"] == \
+        "the command line exits the parser without an error message"

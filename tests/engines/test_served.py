@@ -3,7 +3,10 @@ speculation a config expects against what a server reports, the facts read from 
 prometheus_client as vLLM writes it), and what is read back from a URL where nothing answers."""
 from __future__ import annotations
 
+import json
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
@@ -101,3 +104,47 @@ def test_read_sglang_where_nothing_answers_has_no_sources() -> None:
     served = read_sglang(_closed_port_url())
     assert (served.engine, served.version, served.sources) == ("sglang", "unknown", [])
     assert served.speculation == {"method": "none"} and served.limits == {}
+
+
+def test_flat_of_an_empty_mapping_is_nothing_but_a_nested_empty_one_stays() -> None:
+    assert flat({}) == {}
+    assert flat({}, "env") == {}
+    assert flat({"hf_overrides": {}, "n": 1}, "config") == {"config.hf_overrides": "{}", "config.n": "1"}
+
+
+def test_read_sglang_where_nothing_answers_has_no_settings() -> None:
+    assert read_sglang(_closed_port_url()).settings == {}
+
+
+def test_read_vllm_where_nothing_answers_lists_no_sources() -> None:
+    assert read_vllm(_closed_port_url()).sources == []
+
+
+class _DevModeServer(BaseHTTPRequestHandler):
+    """A vLLM dev-mode server whose /server_info answers (with no VLLM_* environment) and nothing else does."""
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if not self.path.startswith("/server_info"):
+            self.send_error(404)
+            return
+        body = json.dumps({"vllm_config": {"scheduler_config": {"max_num_seqs": 8}}, "vllm_env": {}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_read_vllm_lists_only_answering_sources_and_no_empty_environment() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DevModeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        served = read_vllm(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert served.sources == ["/server_info"]
+    assert served.settings == {"config.scheduler_config.max_num_seqs": "8"}
+    assert served.version == "unknown"

@@ -59,3 +59,12 @@ def test_sglang_graph_batch_limit_reads_the_decode_flag_first() -> None:
     assert sg.graph_batch_limit(["--cuda-graph-max-bs"]) is None          # a flag without its value
     assert sg.graph_batch_limit(["--cuda-graph-max-bs", "many"]) is None
     assert VLLMSpeculation().graph_batch_limit(["--cuda-graph-max-bs", "64"]) is None
+
+
+def test_sglang_graph_batch_limit_reads_the_equals_form() -> None:
+    sg = SGLangSpeculation()
+    assert sg.graph_batch_limit(["--tp", "8", "--cuda-graph-max-bs=64"]) == 64
+    assert sg.graph_batch_limit(["--cuda-graph-max-bs=64", "--cuda-graph-max-bs-decode=32"]) == 32
+    assert sg.graph_batch_limit(["--cuda-graph-max-bs-decode=32", "--cuda-graph-max-bs", "64"]) == 32
+    assert sg.graph_batch_limit(["--cuda-graph-max-bs="]) is None
+    assert sg.graph_batch_limit(["--cuda-graph-max-bs=many"]) is None
