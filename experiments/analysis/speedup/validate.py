@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import tarfile
+import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from experiments.analysis.speedup.stepcost import (
 )
 from experiments.analysis.stats import UNCLEAR, records_speedup, verdict
 from experiments.config.paths import ROOT, cache_dir
-from experiments.tracking.import_runs import archive_stem, store_archive
+from experiments.tracking.import_runs import archive_stem, offline_folder, store_archive
 from experiments.tracking.offline_store import OfflineClient
 from experiments.tracking.records import run_records
 
@@ -56,16 +56,17 @@ class Lease:
 
 
 def open_store(tarball: Path, name: str) -> OfflineClient:
+    """The lease's store, unpacked and checked by the importer's `offline_folder` into the validation cache once per
+    archive version."""
     dest = cache_dir() / "validation" / name
     marker = dest / ".from"
     stamp = f"{tarball.resolve()} {tarball.stat().st_mtime_ns}"
     if not marker.exists() or marker.read_text() != stamp:
-        dest.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(tarball) as tar:
-            tar.extractall(dest, filter="data")
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        offline_folder(tarball, dest)
         marker.write_text(stamp)
-    roots = [p for p in dest.iterdir() if p.is_dir()]
-    return OfflineClient(roots[0])
+    return OfflineClient(offline_folder(dest, dest))
 
 
 def store_archives(journal: Path) -> list[Path]:
