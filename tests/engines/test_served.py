@@ -4,7 +4,6 @@ prometheus_client as vLLM writes it), and what is read back from a URL where not
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -20,13 +19,7 @@ from experiments.engines.served import (
     settings_mismatch,
     speculation_mismatch,
 )
-
-
-def _closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+from tests.helpers.ports import closed_port_url
 
 
 def test_flat_dots_nested_keys_and_writes_lists_as_json() -> None:
@@ -93,7 +86,7 @@ def test_metric_facts_of_no_page_are_empty() -> None:
 
 
 def test_read_vllm_where_nothing_answers_reports_nothing_running() -> None:
-    url = _closed_port_url()
+    url = closed_port_url()
     served = read_vllm(url)
     assert (served.engine, served.version, served.settings) == ("vllm", "unknown", {})
     assert served.speculation == {"method": "none"} and served.limits == {}
@@ -101,7 +94,7 @@ def test_read_vllm_where_nothing_answers_reports_nothing_running() -> None:
 
 
 def test_read_sglang_where_nothing_answers_has_no_sources() -> None:
-    served = read_sglang(_closed_port_url())
+    served = read_sglang(closed_port_url())
     assert (served.engine, served.version, served.sources) == ("sglang", "unknown", [])
     assert served.speculation == {"method": "none"} and served.limits == {}
 
@@ -113,11 +106,11 @@ def test_flat_of_an_empty_mapping_is_nothing_but_a_nested_empty_one_stays() -> N
 
 
 def test_read_sglang_where_nothing_answers_has_no_settings() -> None:
-    assert read_sglang(_closed_port_url()).settings == {}
+    assert read_sglang(closed_port_url()).settings == {}
 
 
 def test_read_vllm_where_nothing_answers_lists_no_sources() -> None:
-    assert read_vllm(_closed_port_url()).sources == []
+    assert read_vllm(closed_port_url()).sources == []
 
 
 class _DevModeServer(BaseHTTPRequestHandler):

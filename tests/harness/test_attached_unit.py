@@ -26,12 +26,7 @@ from experiments.harness.attached import (
     read_served,
 )
 from experiments.harness.server import EngineDied
-
-
-def _closed_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+from tests.helpers.ports import closed_port_url
 
 
 def _status_server(status: int) -> ThreadingHTTPServer:
@@ -116,7 +111,7 @@ def test_local_processes_finds_the_start_time_and_the_listener(cache: Path) -> N
 
 
 def test_a_server_that_stopped_answering_is_reported_dead(cache: Path) -> None:
-    url = _closed_url()
+    url = closed_port_url()
     server = AttachedServer(Served(url, "vllm", "0.32", instance=url), "/health")
     assert server.alive() is False
     server.check_alive()                      # not asked after an error: nothing to check
@@ -125,7 +120,7 @@ def test_a_server_that_stopped_answering_is_reported_dead(cache: Path) -> None:
 
 
 def test_read_served_refuses_a_url_where_nothing_answers() -> None:
-    url = _closed_url()
+    url = closed_port_url()
     with pytest.raises(Refused, match=rf"^server.url={url}: no answer on /health within 10 s \(ConnectError\)"):
         read_served(url + "/", "vllm", "/health")
 
