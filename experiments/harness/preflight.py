@@ -20,7 +20,7 @@ from experiments.engines.auth import refuse_key_flags
 from experiments.engines.config import available_on_site, engine_name, forced_patches, sglang_patches_for, site_args
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.harness.head_fields import REQUIRED_TO_LOAD, check_head_fields
-from experiments.harness.store_check import check_tracking, check_writable
+from experiments.tracking.store_check import check_tracking, check_writable
 from sglang_patches import UnknownPatch, resolve
 
 # Any one of these makes a Hugging Face folder's tokenizer loadable (fast, SentencePiece, BPE, tiktoken).

@@ -25,7 +25,6 @@ from mlflow.tracking import MlflowClient
 from omegaconf import open_dict
 
 from experiments.config.paths import ROOT
-from experiments.harness import store_check
 from experiments.harness.head_fields import KINDS, REQUIRED_TO_LOAD
 from experiments.harness.preflight import (
     Refused,
@@ -39,6 +38,7 @@ from experiments.harness.preflight import (
 )
 from experiments.harness.server import POOL
 from experiments.run import experiment
+from experiments.tracking import store_check
 
 ROW = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -19,12 +19,12 @@ from mlflow.tracking import MlflowClient
 
 from experiments.config.errors import Refused
 from experiments.config.paths import ROOT
-from experiments.harness.store_check import check_tracking
 from experiments.tracking import runs, spool
 from experiments.tracking.lifecycle import tracked_run
 from experiments.tracking.offline_store import OfflineClient
 from experiments.tracking.runs import open_run, setup
 from experiments.tracking.store import log_prompt_dataset
+from experiments.tracking.store_check import check_tracking
 from tests.helpers.tracking_server import FAST_GIVE_UP, kill_mlflow, restart_mlflow, running_tracking_server
 
 
