@@ -33,7 +33,10 @@ from experiments.tracking.records import run_records
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PROFILES_ENV = "SPECWS_STEP_COSTS"   # another folder of profiles (a team's shared one), instead of PROFILES
 UNITS = ("base", "ms")
-HOST_TOLERANCE = 1.5   # a baseline this much faster or slower than any the profile saw is on a host outside it
+# a baseline this much faster or slower than any the profile saw is on a host outside it. 2.0 measured as 1.5 did on
+# the committed leases (22.5 against 22.8 % mean |error| across hosts, 84 against 85 % covered, 0 opposite); 2.5
+# admits a pair of leases 2x apart whose within-lease forecasts cover 10 of 24 (docs/reference/forecast.md)
+HOST_TOLERANCE = 2.0
 MIN_GAPS = 20          # chunk intervals a level needs before its step time counts
 
 
