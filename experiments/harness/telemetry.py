@@ -42,6 +42,7 @@ class Window:
     samples: list[tuple[float, int, str, str, float]] = field(default_factory=list)  # t, unix ms, device, metric, v
     counter_start: dict[str, float | None] = field(default_factory=dict)
     counter_end: dict[str, float | None] = field(default_factory=dict)
+    busy_cpu: tuple[float, float | None] | None = None   # the machine's busy CPU seconds at both ends
 
     def energy_j(self, device: str) -> tuple[float | None, str]:
         """The GPU's energy over the window in joules and where it came from (counter, else power trapezoid)."""
@@ -176,7 +177,7 @@ class LevelTelemetry:
             self.stop()
         now = time.monotonic()
         self.origin = now if self.origin is None else self.origin
-        window = Window(concurrency, repetition, now, counter_start=self._counters())
+        window = Window(concurrency, repetition, now, counter_start=self._counters(), busy_cpu=(busy_cpu_s(), None))
         self.windows.append(window)
         self.host = HostReadings()   # CPU utilisation from the window's start, not from the last window
         self._stop.clear()
@@ -194,6 +195,7 @@ class LevelTelemetry:
         window = self.windows[-1]
         self._sample(window)
         window.counter_end, window.end = self._counters(), time.monotonic()
+        window.busy_cpu = (window.busy_cpu[0], busy_cpu_s()) if window.busy_cpu else None
 
     def close(self) -> None:
         self.stop()
@@ -259,9 +261,12 @@ def _level(ws: list[Window], gpus: list[str], tokens: float) -> dict[str, float]
 
     wall = sum(w.end - w.start for w in ws)
     m: dict[str, float] = {"telemetry_samples": float(sum(len({s[0] for s in w.samples}) for w in ws))}
-    cpu = values(HOST, "cpu_util_pct")
-    if cpu:
-        m["host_cpu_util_pct_mean"] = sum(cpu) / len(cpu)
+    busy = [(w.busy_cpu[1] - w.busy_cpu[0], w.end - w.start) for w in ws if w.busy_cpu and w.busy_cpu[1] is not None]
+    if busy and sum(s for _, s in busy) > 0:
+        # from the busy-CPU counter over the windows, not a mean of the samples: a sample's interval stretches when
+        # the sampler waits for a busy CPU, and a single sample is clipped at 100 %
+        share = sum(b for b, _ in busy) / (sum(s for _, s in busy) * (psutil.cpu_count() or 1))
+        m["host_cpu_util_pct_mean"] = 100.0 * min(1.0, max(0.0, share))
     if not gpus:
         return m
     energies = [w.energy_j(d)[0] for w in ws for d in gpus]
