@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments.tracking.console_guard import quiet_console
+from experiments.tracking.import_runs import DEFAULT_URI, default_artifact_root, experiment_for
 from experiments.tracking.lifecycle import tracked_run
-from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
+from experiments.tracking.offline_store import client_for
 from experiments.tracking.redact import register_secrets, secrets_of_environ
 from experiments.tracking.redacting import RedactingClient
 
@@ -54,21 +55,6 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def client_for(uri: str) -> Any:
-    """The store's client, redacting what it writes (this process's secrets)."""
-    register_secrets(secrets_of_environ(os.environ))
-    if uri.startswith(URI_PREFIX):
-        return RedactingClient(OfflineClient(uri.removeprefix(URI_PREFIX)))
-    from mlflow.tracking import MlflowClient
-
-    return RedactingClient(MlflowClient(uri))
-
-
-def experiment_id(client: Any, name: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp is not None else client.create_experiment(name)
-
-
 def _batches(rows: list[dict]) -> Iterator[list]:
     from mlflow.entities import Metric
 
@@ -77,9 +63,9 @@ def _batches(rows: list[dict]) -> Iterator[list]:
         yield [Metric(r["name"], float(r["value"]), stamp, int(r["step"])) for r in rows[i:i + BATCH]]
 
 
-def log_head(client: Any, exp_id: str, folder: Path, name: str = "D-train") -> str:
-    """One run for the head in `folder`; returns its id."""
-    rows, summary = read_curve(folder), summary_of(folder)
+def log_head(client: Any, exp_id: str, folder: Path, rows: list[dict], name: str = "D-train") -> str:
+    """One run for the head in `folder`, whose curve is `rows` (read_curve); returns its id."""
+    summary = summary_of(folder)
     tags = {"specws.mode": "train", "specws.option": "D", "specws.head_folder": folder.name,
             "specws.trained_on": str(summary.get("device", "?"))}
     with tracked_run(client, exp_id, name, tags, params_of(summary), system_metrics=False) as run:
@@ -97,19 +83,19 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("heads", type=Path, nargs="+", help="head folders (specws_eagle3.json + train_curve.jsonl)")
     ap.add_argument("--experiment", required=True, help="e.g. smollm2_135m@h200 (the served runs' experiment)")
-    ap.add_argument("--tracking-uri", default="sqlite:///mlruns/mlflow.db")
+    ap.add_argument("--tracking-uri", default=DEFAULT_URI)
     ap.add_argument("--name", default="D-train", help="run name (one per head)")
     a = ap.parse_args(argv)
     try:
-        for folder in a.heads:
-            read_curve(folder)
+        curves = {folder: read_curve(folder) for folder in a.heads}   # every head checked before anything is written
     except NotAHead as exc:
         ap.error(str(exc))
     quiet_console()
-    client = client_for(a.tracking_uri)
-    exp_id = experiment_id(client, a.experiment)
-    for folder in a.heads:
-        run_id = log_head(client, exp_id, folder, a.name)
+    register_secrets(secrets_of_environ(os.environ))
+    client = RedactingClient(client_for(a.tracking_uri))
+    exp_id = experiment_for(client, a.experiment, default_artifact_root(a.tracking_uri))
+    for folder, rows in curves.items():
+        run_id = log_head(client, exp_id, folder, rows, a.name)
         print(f"MLflow run {a.name} ({run_id}) in {a.experiment}: {folder}")
     return 0
 

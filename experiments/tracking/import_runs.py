@@ -37,7 +37,7 @@ def import_store(source: OfflineClient, client: MlflowClient, artifact_root: Pat
     mapping: dict[str, str] = {}
     for old_id in source.run_ids():
         meta = source.meta(old_id)
-        exp_id = _experiment(client, meta["experiment"], artifact_root)
+        exp_id = experiment_for(client, meta["experiment"], artifact_root)
         done = client.search_runs([exp_id], filter_string=f"tags.`specws.imported_from` = '{old_id}'")
         if done:
             mapping[old_id] = done[0].info.run_id
@@ -84,7 +84,8 @@ def _import_run(source: OfflineClient, client: MlflowClient, exp_id: str, old_id
     return run.id, status
 
 
-def _experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
+def experiment_for(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
+    """The experiment's id, created with its artifacts under `artifact_root` (default_artifact_root) if missing."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id

@@ -176,6 +176,17 @@ class OfflineClient:
         tmp.replace(self.root / run_id / "run.json")
 
 
+def client_for(uri: str) -> Any:
+    """The store's client: this offline store for an `offline://<folder>` URI (no MLflow needed), else MLflow's for
+    the URI (MLflow's tracking URI set to it)."""
+    if uri.startswith(URI_PREFIX):
+        return OfflineClient(uri.removeprefix(URI_PREFIX))
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient()
+
+
 def _matches(run: OfflineRun, clause: tuple[str, str, str]) -> bool:
     kind, key, value = clause
     if kind == "attributes":

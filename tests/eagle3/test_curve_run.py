@@ -34,6 +34,7 @@ def test_the_leases_curve_becomes_metric_histories(tmp_path: Path) -> None:
     assert run.data.params["train.data"] == "sharegpt" and run.data.params["train.steps"] == str(summary["steps"])
     names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "head")}
     assert names == {CURVE, SUMMARY}
+    assert any((tmp_path / "artifacts").rglob(CURVE))      # beside the store, as imported runs keep theirs
 
 
 def test_a_folder_without_a_curve_is_refused_before_any_write(tmp_path: Path) -> None:

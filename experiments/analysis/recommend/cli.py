@@ -170,9 +170,9 @@ def write(recs: list[Recommendation], out: Path, stem: str, title: str) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     from experiments.analysis.report.inputs import add_target, iso, since_ms, target_of
-    from experiments.analysis.speedup.probe import client_for
     from experiments.config.paths import ROOT
     from experiments.tracking.lifecycle import tracked_run
+    from experiments.tracking.offline_store import client_for
     ap = argparse.ArgumentParser(prog="python -m experiments.analysis.recommend", description=__doc__.split("\n\n")[0])
     add_target(ap)
     ap.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlruns/mlflow.db'}", help="or offline://DIR")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.analysis.recommend.decision import NO_SPECULATION
-from experiments.analysis.speedup.probe import client_for
+from experiments.tracking.offline_store import client_for
 
 
 def recommendation_file(path: Path) -> Path:

@@ -27,18 +27,9 @@ from experiments.analysis.speedup.stepcost import (
     save_profile,
 )
 from experiments.tracking.lifecycle import tracked_run
+from experiments.tracking.offline_store import client_for
 
 MEASURED = "tags.`specws.mode` = 'measure' and attributes.status = 'FINISHED'"
-
-
-def client_for(uri: str):
-    from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
-    if uri.startswith(URI_PREFIX):
-        return OfflineClient(uri.removeprefix(URI_PREFIX))
-    import mlflow
-    from mlflow.tracking import MlflowClient
-    mlflow.set_tracking_uri(uri)
-    return MlflowClient()
 
 
 def fit_experiment(client, experiment: str, lease: str = "") -> list[StepCostProfile]:
