@@ -64,8 +64,9 @@ def open_store(tarball: Path, name: str) -> OfflineClient:
     if not marker.exists() or marker.read_text() != stamp:
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
-        offline_folder(tarball, dest)
+        root = offline_folder(tarball, dest)
         marker.write_text(stamp)
+        return OfflineClient(root)
     return OfflineClient(offline_folder(dest, dest))
 
 
