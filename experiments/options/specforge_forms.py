@@ -21,14 +21,13 @@ Reader = Callable[[str], "str | None"]
 
 SHEET = Path(__file__).with_name("specforge_flags.json")
 SOURCE = "https://github.com/sgl-project/SpecForge"
+# the data scripts every revision has; training went from scripts/train_eagle3.py to the `specforge` CLI
+DATA_SCRIPTS = ["scripts/prepare_data.py", "scripts/regenerate_train_data.py", "scripts/prepare_hidden_states.py"]
 # label -> (revision, programs whose flags are recorded); the release commit is where version.txt became 0.2.0
 REVISIONS = {
-    "v0.2.0": ("73e6f808", ["scripts/prepare_data.py", "scripts/regenerate_train_data.py",
-                            "scripts/prepare_hidden_states.py", "scripts/train_eagle3.py"]),
-    "last-scripts": ("d5883d5b^", ["scripts/prepare_data.py", "scripts/regenerate_train_data.py",
-                                   "scripts/prepare_hidden_states.py", "scripts/train_eagle3.py"]),
-    "head": ("HEAD", ["scripts/prepare_data.py", "scripts/regenerate_train_data.py",
-                      "scripts/prepare_hidden_states.py", "specforge/cli.py"]),
+    "v0.2.0": ("73e6f808", [*DATA_SCRIPTS, "scripts/train_eagle3.py"]),
+    "last-scripts": ("d5883d5b^", [*DATA_SCRIPTS, "scripts/train_eagle3.py"]),
+    "head": ("HEAD", [*DATA_SCRIPTS, "specforge/cli.py"]),
 }
 TEMPLATES = "specforge/data/template.py"
 SHELL_OPS = {"&&", "||", ";", "|", "&"}
