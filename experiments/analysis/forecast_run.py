@@ -15,7 +15,7 @@ from typing import Any
 from experiments.analysis.runs import RunConfig, run_config
 from experiments.analysis.speedup.forecast import Forecast, ForecastUnavailable, forecast
 from experiments.analysis.speedup.offline_acceptance import AcceptanceUnavailable, offline_steps
-from experiments.analysis.speedup.stepcost import ProfileMissing, find_profile, key_of
+from experiments.analysis.speedup.stepcost import HOST_TOLERANCE, ProfileMissing, find_profile, key_of
 from experiments.analysis.stats import paired_speedup, prompt_totals
 from experiments.tracking.records import run_records
 from experiments.tracking.store import Metric
@@ -30,6 +30,14 @@ def option_digest(params: dict[str, str]) -> str:
     return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
 
+def host_band(params: dict[str, str]) -> float | None:
+    """`run.forecast_host_band` as the option's run logged it (the default where an older run did not)."""
+    value = params.get("run.forecast_host_band")
+    if value is None:
+        return HOST_TOLERANCE
+    return None if value in ("None", "null", "") else float(value)
+
+
 def make_forecast(client: Any, baseline: Any, option: RunConfig, params: dict[str, str]) -> tuple[Forecast, str]:
     """The forecast and a note on its inputs; raises ForecastUnavailable naming a missing input."""
     records = run_records(client, baseline.info.run_id)
@@ -40,7 +48,7 @@ def make_forecast(client: Any, baseline: Any, option: RunConfig, params: dict[st
         steps, acceptance_note = offline_steps(records, option, params)
     except (ProfileMissing, AcceptanceUnavailable) as exc:
         raise ForecastUnavailable(str(exc)) from None
-    result = forecast(records, baseline.data.metrics, steps, option, profile)
+    result = forecast(records, baseline.data.metrics, steps, option, profile, host_band(params))
     result.notes += [acceptance_note, f"{profile_note}: {profile.summary()}"]
     return result, "; ".join(result.notes)
 

@@ -227,6 +227,12 @@ class RunModeView:
     name: str | None = None
     dry_run: bool = False
     forecast: bool = False
+    forecast_host_band: float | None = 2.0
+
+    def __post_init__(self) -> None:
+        if self.forecast_host_band is not None and self.forecast_host_band < 1.0:
+            raise ConfigError(f"run.forecast_host_band must be >= 1 (a ratio of decode steps) or null, got "
+                              f"{self.forecast_host_band}")
 
 
 @dataclass(frozen=True)

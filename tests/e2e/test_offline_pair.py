@@ -70,7 +70,9 @@ def test_measured_levels_keep_their_telemetry_through_the_import(imported: Path,
             cpu = [float(r["value"]) for r in level if r["metric"] == "cpu_util_pct"]
             assert cpu and all(0.0 <= v <= 100.0 for v in cpu)
             assert all(w["start_s"] <= float(r["t_s"]) <= w["end_s"] + 0.01 for r in level)   # inside the level
-            assert m[f"host_cpu_util_pct_mean_c{c}"] == pytest.approx(sum(cpu) / len(cpu), rel=1e-3)
+            # the level's mean is the machine's busy CPU time between the window's ends; the samples tile the same
+            # span in 0.25 s slices (the first may start before it): they agree to a few points, not exactly
+            assert m[f"host_cpu_util_pct_mean_c{c}"] == pytest.approx(sum(cpu) / len(cpu), abs=5.0)
             # sampled every 0.25 s over the level's wall (the window is the level's, warm-ups left out)
             assert w["end_s"] - w["start_s"] == pytest.approx(m[f"wall_s_c{c}"], abs=0.5)
             assert m[f"telemetry_samples_c{c}"] >= 0.5 * m[f"wall_s_c{c}"] / 0.25

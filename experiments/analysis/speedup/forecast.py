@@ -22,6 +22,7 @@ import numpy as np
 from experiments.analysis.runs import RunConfig
 from experiments.analysis.speedup.offline_acceptance import RequestSteps, finished
 from experiments.analysis.speedup.stepcost import (
+    HOST_TOLERANCE,
     MIN_GAPS,
     RegimeCost,
     StepCostProfile,
@@ -163,9 +164,10 @@ def baseline_step_ms(rows: list[dict]) -> float | None:
 
 
 def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: list[RequestSteps],
-             option: RunConfig, profile: StepCostProfile, check_host: bool = True) -> Forecast:
+             option: RunConfig, profile: StepCostProfile, host_band: float | None = HOST_TOLERANCE) -> Forecast:
     """Per level (and category) of the baseline: the option's predicted speedup with an interval. Raises
-    HostOutsideProfile (`check_host`) where the baseline's host lies outside every host the profile was fitted on;
+    HostOutsideProfile where the baseline's decode step lies outside `host_band` times that of every host the
+    profile was fitted on (None: never);
     where only some hosts are near this one, their step costs alone are used (the note says which)."""
     rows = finished(base_records)
     if len(rows) != len(steps):
@@ -176,8 +178,8 @@ def forecast(base_records: list[dict], base_metrics: dict[str, float], steps: li
         by_level.setdefault(int(r.get("concurrency") or 1), []).append(i)
     for c, idx in sorted(by_level.items()):
         step_ms = baseline_step_ms([rows[i] for i in idx])
-        level_profile, note = (profile.nearest_hosts(c, step_ms, option.graph_batch_limit)
-                               if check_host and step_ms is not None else (profile, ""))
+        level_profile, note = (profile.nearest_hosts(c, step_ms, option.graph_batch_limit, host_band)
+                               if host_band is not None and step_ms is not None else (profile, ""))
         if level_profile is None:
             raise HostOutsideProfile(f"{note}; {PROBE_HINT}")
         if note:

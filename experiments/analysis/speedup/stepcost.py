@@ -350,17 +350,18 @@ class StepCostProfile:
             out[lease] = max(float(a + b * c), 1e-9)
         return out
 
-    def nearest_hosts(self, c: int, step_ms: float, cap: int | None = None) -> tuple[StepCostProfile | None, str]:
-        """The profile refitted on the hosts whose baseline ran within HOST_TOLERANCE of `step_ms` at level c (itself
+    def nearest_hosts(self, c: int, step_ms: float, cap: int | None = None,
+                      band: float = HOST_TOLERANCE) -> tuple[StepCostProfile | None, str]:
+        """The profile refitted on the hosts whose baseline ran within `band` times `step_ms` at level c (itself
         where every host did, or where the hosts are unknown), and a note; None with the reason where none did."""
         hosts = self.hosts_at(c, cap)
         if not hosts:
             return self, ""
-        near = {h for h, ms in hosts.items() if 1 / HOST_TOLERANCE <= step_ms / ms <= HOST_TOLERANCE}
+        near = {h for h, ms in hosts.items() if 1 / band <= step_ms / ms <= band}
         seen = ", ".join(f"{h or 'unnamed'} {ms:.1f} ms" for h, ms in sorted(hosts.items(), key=lambda kv: kv[1]))
         if not near:
             return None, (f"host outside the profile: this baseline's decode step at c={c} is {step_ms:.1f} ms; the "
-                          f"hosts the profile was fitted on ran {seen} (within {HOST_TOLERANCE}x counts)")
+                          f"hosts the profile was fitted on ran {seen} (within {band}x counts)")
         if near == set(hosts):
             return self, ""
         points = [LevelStep(**p) for r in self.regimes.values() for p in r.points if (p.get("lease") or "") in near]
