@@ -1,10 +1,9 @@
-"""The lease plans (bin/kimi-plan, bin/tp8-plan, bin/load-plan, bin/probe) as they would run, read from their dry
-run, and what their dry runs need: a carried work tree, SGLang 0.5.14's parser, a clean environment."""
+"""The lease plans (experiments/plans) as they would run, read from a dry run in this process, and what running
+them as a host does needs: a carried work tree, SGLang 0.5.14's parser, a clean environment."""
 from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -14,23 +13,41 @@ from pathlib import Path
 import pytest
 
 from experiments.config.paths import ROOT, cache_dir
+from experiments.plans.catalog import PLANS
+from experiments.plans.host import Host
+from experiments.plans.plan import planned
+from experiments.plans.settings import parse_knobs
 from experiments.tracking.offline_store import OfflineClient
 
 SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
-# what would point a plan's runs elsewhere (or write conf/local/)
-PLAN_VARIABLES = ("OUT", "SPECWS_SITE", "SPECWS_DEST", "PYTHONPATH", "SGLANG_PYTHON", "PROBE_EAGLE", "PROBE_FIT",
-                  "LOAD_OVERRIDES", "LOAD_RATES", "PLAN_BUDGET_S")
+# the host's environment that would point a plan's runs elsewhere (or write conf/local/)
+HOST_VARIABLES = ("OUT", "SPECWS_SITE", "SPECWS_DEST", "SPECWS_DEST_DONE", "PYTHONPATH", "SGLANG_PYTHON", "PYTHON")
+RECIPES = {"kimi-plan": "kimi", "tp8-plan": "tp8", "load-plan": "load", "d-plan": "d", "probe": "probe"}
 
 
-def planned_steps(plan: Path, dest: Path, unset: Iterable[str], **env: str) -> dict[str, list[str]]:
-    """The plan's steps as it would run them under `dest` (PLAN_DRY_RUN=1: bin/lib/plan.sh prints each
-    command line instead of running it): step name -> argv. `unset`: the plan's own variables, dropped from this
-    process's environment so that only `env` sets them."""
-    base = {k: v for k, v in os.environ.items() if k not in set(unset)}
-    out = subprocess.run(["bash", str(plan)], env={**base, "SPECWS_DEST": str(dest), "OUT": str(dest / "out"),
-                                                   "PLAN_DRY_RUN": "1", **env},
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    return {m[1]: shlex.split(m[2]) for m in re.finditer(r"^== dry-run (\S+): (.*)$", out, re.M)}
+def plan_name(plan: str | Path) -> str:
+    """A plan's name, from its name or its bin/ recipe."""
+    name = Path(plan).name
+    return RECIPES.get(name, name)
+
+
+def planned_steps(plan: str | Path, dest: Path, unset: Iterable[str] = (), *args: str,
+                  **knobs: str) -> dict[str, list[str]]:
+    """The plan's steps as a dry run under `dest` plans them (the folders $SPECWS_DEST=dest, $OUT=dest/out):
+    step name -> argv. args and knobs: its `key=value` settings (args may end with `--` and Hydra overrides).
+    `unset` is accepted for callers written for the bash plans: the plans read no knob from the environment."""
+    p = PLANS[plan_name(plan)]
+    settings = parse_knobs(p.settings, [*(f"{k}={v}" for k, v in knobs.items()), *args])
+    return {name: list(argv) for name, argv in planned(p, settings, Host(dest, dest / "out")).items()}
+
+
+def started_modules(steps: dict[str, list[str]]) -> set[str]:
+    """The modules the steps start with `-m` (also inside a `bash -c` command line)."""
+    found = set()
+    for argv in steps.values():
+        found |= {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-m" and not argv[i + 1].startswith("-")}
+        found |= {m for a in argv for m in re.findall(r"python3 -m ([\w.]+)", a)}
+    return found
 
 
 def dry_runs(root: Path) -> list:
@@ -53,7 +70,7 @@ def sglang_0_5_14(folder: Path) -> str:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without the variables that would point the runs elsewhere (or write conf/local/)."""
-    env = {k: v for k, v in os.environ.items() if k not in PLAN_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in HOST_VARIABLES}
     return env | extra
 
 
@@ -83,3 +100,18 @@ def host_stage(tmp_path: Path, model: Path, **env: str) -> tuple[Path, Path, dic
     (bindir / "python3").chmod(0o755)
     return tree, dest, clean_env(SPECWS_DEST=str(dest), SGLANG_PYTHON=sglang_0_5_14(tmp_path),
                                  PATH=f"{bindir}:{os.environ['PATH']}", **env)
+
+
+def module_answers_help(module: str) -> None:
+    """`python -m module --help` exits 0 here (the module exists and its parser builds)."""
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def recipe_dry_run(recipe: str, dest: Path, *args: str) -> str:
+    """bin/<recipe> --dry-run ARGS as a host runs it (python3 on PATH), its output."""
+    out = subprocess.run([str(ROOT / "bin" / recipe), "--dry-run", *args], capture_output=True, text=True,
+                         timeout=120, env=clean_env(SPECWS_DEST=str(dest), OUT=str(dest / "out")))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out.stdout

@@ -1,9 +1,9 @@
-"""bin/d-plan (option D on the H200 / H100 host, issue 39) as `bin/h200 d` starts it: valid bash, the trainer's flags
-parse and the second data size reuses the full run's cached answers, and the whole lease rehearsed here from a
-carried work tree: the trainer on the CPU (tiny; SGLang's offline engine stood in for by tests/helpers/sglang_stub.py,
-reached the way the host reaches the bundle's), `bin/h200 head` returning the head, then every runner step dry-run
-against the head it trained and the committed one (SGLang 0.5.14's parser, check_head on both), so that a lease is
-not spent on a step refused at its start."""
+"""The option-D plan (experiments/plans/d.py) as `bin/h200 d` starts it: the trainer's flags parse and the second
+data size reuses the full run's cached answers, and the whole lease rehearsed here from a carried work tree: the
+trainer on the CPU (tiny; SGLang's offline engine stood in for by tests/helpers/sglang_stub.py, reached the way the
+host reaches the bundle's), `bin/h200 head` returning the head, then every runner step dry-run against the head it
+trained and the committed one (SGLang 0.5.14's parser, check_head on both), so that a lease is not spent on a step
+refused at its start."""
 from __future__ import annotations
 
 import json
@@ -11,16 +11,12 @@ import re
 import subprocess
 from pathlib import Path
 
-from experiments.config.paths import ROOT, cache_dir
+from experiments.config.paths import cache_dir
 from experiments.eagle3.gpu import _data_settings, parser
 from tests.helpers import sglang_stub
 from tests.helpers.plans import dry_runs, host_stage, planned_steps
 
-PLAN = ROOT / "bin" / "d-plan"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
-PLAN_VARIABLES = ("D_TRAIN_ARGS", "D_FALLBACK_ARGS", "D_TRAIN_EXTRA", "D_OVERRIDES", "D_PROMPTS", "D_WORKLOADS",
-                  "D_MINUTES", "D_Q25_MINUTES", "D_Q25_NEED", "D_T07_NEED", "D_COMMITTED_NEED", "D_TRAIN_TIMEOUT",
-                  "D_SKIP_TRAIN", "PLAN_BUDGET_S")
 STEPS = ["train", "train-fallback", "q25", "B-new", "t07-new", "t07-committed", "B-committed"]
 # tiny trainer runs for the CPU rehearsal (appended to every trainer run: the last flag wins)
 TINY = ("--device cpu --num-conversations 4 --val-fraction 0.4 --max-turns 2 --max-context-tokens 384 "
@@ -29,22 +25,19 @@ TINY = ("--device cpu --num-conversations 4 --val-fraction 0.4 --max-turns 2 --m
 
 def trainer_args(argv: list[str]):
     """The parsed flags of a trainer step (`env -u PYTHONPATH python3 -m experiments.eagle3.gpu ...`)."""
+    assert argv[:3] == ["env", "-u", "PYTHONPATH"], argv
     return parser().parse_args(argv[argv.index("experiments.eagle3.gpu") + 1:])
 
 
-def test_plan_is_valid_bash() -> None:
-    assert subprocess.run(["bash", "-n", str(PLAN)]).returncode == 0
-
-
 def test_the_second_data_size_reuses_the_served_heads_answers(tmp_path: Path) -> None:
-    """The plan's trainer runs, as it prints them: SGLang regenerates every training conversation; the quarter
+    """The plan's trainer runs, as it plans them: SGLang regenerates every training conversation; the quarter
     run has that run's data key (its answers come from the cache, its held-out conversations are the same) and
     takes as many steps. Where the first run left no head, the fallback (transformers, 2,000 conversations)
     trains the served head, and the quarter run follows its data flags instead."""
     head = tmp_path / "cache" / "eagle3" / "heads" / "smollm2_135m-gpu"
     head.mkdir(parents=True)
     (head / "specws_eagle3.json").write_text(json.dumps({"steps": 1234}))
-    steps = planned_steps(PLAN, tmp_path, PLAN_VARIABLES)
+    steps = planned_steps("d", tmp_path)
     assert list(steps) == [s for s in STEPS if s != "train-fallback"]
     full, q25 = trainer_args(steps["train"]), trainer_args(steps["q25"])
     assert (full.data, full.regen, full.num_conversations, full.train_fraction) == ("sharegpt", "sglang", None, 1.0)
@@ -58,15 +51,25 @@ def test_the_second_data_size_reuses_the_served_heads_answers(tmp_path: Path) ->
                           f"{'-gpu' if name.endswith('new') else ''}-sglang"], (name, steps[name])
 
     (head / "specws_eagle3.json").unlink()
-    steps = planned_steps(PLAN, tmp_path, PLAN_VARIABLES)
+    steps = planned_steps("d", tmp_path)
     assert list(steps) == STEPS
     fallback, q25 = trainer_args(steps["train-fallback"]), trainer_args(steps["q25"])
     assert (fallback.regen, fallback.num_conversations, fallback.name) == ("transformers", 2000, full.name)
     assert _data_settings(q25, "cuda").key() == _data_settings(fallback, "cuda").key() != _data_settings(
         full, "cuda").key()
     # a fresh host after a lost one: the carried head is served, nothing trained (no answers are cached there)
-    steps = planned_steps(PLAN, tmp_path, PLAN_VARIABLES, D_SKIP_TRAIN="1")
+    steps = planned_steps("d", tmp_path, (), "skip_train=true")
     assert list(steps) == ["B-new", "t07-new", "t07-committed", "B-committed"]
+
+
+def test_the_knobs_reach_the_trainer_and_the_runs(tmp_path: Path) -> None:
+    steps = planned_steps("d", tmp_path, (), "minutes=6", "q25_minutes=2", "prompts=32", "workloads=sharegpt",
+                          "train_extra=--device cpu", "--", "run.dry_run=true")
+    full, q25 = trainer_args(steps["train"]), trainer_args(steps["q25"])
+    assert (full.minutes, q25.minutes, full.device, q25.device) == (6, 2, "cpu", "cpu")
+    assert "workload.num_prompts=32" in steps["B-new"] and "workload=sharegpt" in steps["B-new"]
+    assert steps["B-new"][-2:] == ["run.name=B-new-${workload.name}", f"hydra.sweep.dir={tmp_path}/sweeps/B-new"]
+    assert steps["t07-new"].index("run.dry_run=true") < steps["t07-new"].index("workload=sharegpt")
 
 
 def test_h200_d_stage_rehearses_the_lease(tmp_path: Path, embedded_ready) -> None:
@@ -76,9 +79,10 @@ def test_h200_d_stage_rehearses_the_lease(tmp_path: Path, embedded_ready) -> Non
     run with the new head and the committed one at c = 1 and 16 on both workloads (temperature 0.7 on ShareGPT's
     seed 1)."""
     site = sglang_stub.install(tmp_path / "stub-site")
-    tree, dest, env = host_stage(tmp_path, SMOLLM2, D_OVERRIDES="run.dry_run=true",
-                                 D_TRAIN_EXTRA=f"{TINY} --work {tmp_path / 'work'} --bundle-site {site}")
-    started = subprocess.run(["bin/h200", "d"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    tree, dest, env = host_stage(tmp_path, SMOLLM2)
+    started = subprocess.run(["bin/h200", "d", f"train_extra={TINY} --work {tmp_path / 'work'} --bundle-site {site}",
+                              "--", "run.dry_run=true"], cwd=tree, env=env, capture_output=True, text=True,
+                             timeout=300)
     assert started.returncode == 0 and "d: started" in started.stdout, started.stdout + started.stderr
     back = tmp_path / "out-head"
     head = subprocess.run(["bin/h200", "head", "600"], cwd=tree, env={**env, "OUT": str(back)}, capture_output=True,

@@ -1,10 +1,9 @@
-"""bin/kimi-plan: valid bash, every module it starts exists and parses its arguments, and every runner step's
-command, as the plan passes it (bin/lib/plan.sh: COMMON, then the step's own overrides, which win), composes and
-passes the runner's dry run (launch spec built, config logged to a real store) on the h200-kimi site, so that a
-lease is not spent on a run refused at its start."""
+"""The kimi plan (experiments/plans/kimi.py, bin/kimi-plan): every module it starts exists and parses its arguments,
+the recipe dry-runs it, and every runner step's command, as the plan passes it (the common overrides, then the
+step's own, which win), composes and passes the runner's dry run (launch spec built, config logged to a real store)
+on the h200-kimi site, so that a lease is not spent on a run refused at its start."""
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,46 +12,40 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.config.paths import ROOT
-from tests.helpers.plans import planned_steps as plan_steps
+from tests.helpers.plans import module_answers_help, planned_steps, recipe_dry_run, started_modules
 
-PLAN = ROOT / "bin" / "kimi-plan"
-
-
-def plan_text() -> str:
-    return PLAN.read_text()
+RUN = ["python3", "-m", "experiments.run"]
+DEST = Path("/tmp/specws")
 
 
-def planned_steps(dest: Path, **env: str) -> dict[str, list[str]]:
-    return plan_steps(PLAN, dest, ("KIMI_OVERRIDES", "PLAN_BUDGET_S", "KIMI_KERNELS"), **env)
-
-
-def runner_steps(dest: Path, **env: str) -> dict[str, list[str]]:
+def runner_steps(dest: Path, *args: str) -> dict[str, list[str]]:
     """The runner steps' overrides, as the plan passes them to experiments.run."""
-    run = ["python3", "-m", "experiments.run"]
-    return {name: argv[3:] for name, argv in planned_steps(dest, **env).items() if argv[:3] == run}
+    return {name: argv[3:] for name, argv in planned_steps("kimi", dest, (), *args).items() if argv[:3] == RUN}
 
 
-def test_plan_is_valid_bash() -> None:
-    for script in (PLAN, ROOT / "bin" / "lib" / "plan.sh"):
-        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
-
-
-@pytest.mark.parametrize("module", sorted(set(re.findall(r"python3 -m ([\w.]+)", plan_text())) - {"experiments.run"}))
+@pytest.mark.parametrize("module", sorted(started_modules(planned_steps("kimi", DEST, (), "kernels=true"))
+                                          - {"experiments.run"}))
 def test_every_module_the_plan_starts_answers_help(module: str) -> None:
-    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
+    module_answers_help(module)
 
 
-def test_a_step_reports_its_commands_exit_status(tmp_path: Path) -> None:
-    script = (f'source {ROOT / "bin" / "lib" / "plan.sh"}; K={tmp_path} BUDGET=60 START=$(date +%s); '
-              'step fails bash -c "echo error: gone; exit 3"; step works true')
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=True).stdout
-    assert re.search(r"fails rc=3 .*\nerror: gone\n", out) and "works rc=0" in out, out
+def test_the_plans_steps_in_order(tmp_path: Path) -> None:
+    steps = planned_steps("kimi", tmp_path)
+    assert list(steps) == ["build", "graphs", "graphs-reverse", "baseline", "B", "E", "B-mrr8", "B-mrr64",
+                           "selfcheck", "A", "A-k2", "A-k8", "telemetry-ngram", "telemetry-decode",
+                           "baseline-triton"]
+    assert list(planned_steps("kimi", tmp_path, (), "kernels=true"))[:2] == ["build", "kernels"]
+    assert steps["baseline"][-1] == f"hydra.run.dir={tmp_path}/hydra/baseline"
+
+
+def test_the_recipe_dry_runs_the_plan(tmp_path: Path) -> None:
+    out = recipe_dry_run("kimi-plan", tmp_path, "budget_s=900", "--", "workload.max_tokens=32")
+    assert "== plan kimi: budget_s=900.0 kernels=False overrides=workload.max_tokens=32" in out, out
+    assert f"== dry-run B-mrr8: {' '.join(RUN)} site=h200-kimi" in out and not (tmp_path / "plan.done").exists()
 
 
 def test_a_steps_own_overrides_win_over_the_plans_common_ones(tmp_path: Path) -> None:
-    steps = runner_steps(tmp_path, KIMI_OVERRIDES="workload.num_prompts=64")
+    steps = runner_steps(tmp_path, "overrides=workload.num_prompts=64")
 
     def composed(name: str):
         return compose_cfg(*[o for o in steps[name] if not o.startswith("hydra.")])
@@ -67,7 +60,7 @@ def test_a_steps_own_overrides_win_over_the_plans_common_ones(tmp_path: Path) ->
 
 def test_every_runner_step_passes_the_dry_run(tmp_path: Path, store: str) -> None:
     dest = tmp_path / "dest"
-    steps = planned_steps(dest)
+    steps = planned_steps("kimi", dest)
     subprocess.run([sys.executable, *steps["build"][1:]], cwd=ROOT, check=True, capture_output=True, timeout=120)
     runs = runner_steps(dest)
     assert {"baseline", "A", "B", "E"} <= set(runs) and runs["baseline"][-2] == "+option=baseline"

@@ -1,38 +1,34 @@
-"""bin/load-plan (one answer per load on the H200) as `bin/h200 load` starts it: valid bash, every module it starts
-answers --help, a step's own overrides win over the plan's, and the whole plan dry-runs from a carried work tree
-(run.dry_run=true for every runner step, SGLang 0.5.14's parser): the closed-loop sweep, the Poisson rate sweep
-and their pairing identities reach the offline store, so that a lease is not spent on a run refused at its start."""
+"""The load plan (experiments/plans/load.py: one answer per load on the H200) as `bin/h200 load` starts it: every
+module it starts answers --help, a step's own overrides win over the plan's, and the whole plan dry-runs from a
+carried work tree (run.dry_run=true for every runner step, SGLang 0.5.14's parser): the closed-loop sweep, the
+Poisson rate sweep and their pairing identities reach the offline store, so that a lease is not spent on a run
+refused at its start."""
 from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import compose_cfg
 
-from experiments.config.paths import ROOT, cache_dir
-from tests.helpers.plans import dry_runs, host_stage, planned_steps
+from experiments.config.paths import cache_dir
+from tests.helpers.plans import dry_runs, host_stage, module_answers_help, planned_steps, started_modules
 
-PLAN = ROOT / "bin" / "load-plan"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+# the recommendation's choice is read between steps, not as a step
+CHOOSER = "experiments.analysis.recommend.remeasure"
 
 
-def test_plan_is_valid_bash() -> None:
-    assert subprocess.run(["bash", "-n", str(PLAN)]).returncode == 0
-
-
-@pytest.mark.parametrize("module", sorted(set(re.findall(r"python3 -m ([\w.]+)", PLAN.read_text()))
-                                          - {"experiments.run"}))
+@pytest.mark.parametrize("module", sorted(started_modules(planned_steps("load", Path("/tmp/specws"), (),
+                                                                        "gpu_tests=tests/x.py"))
+                                          - {"experiments.run"} | {CHOOSER}))
 def test_every_module_the_plan_starts_answers_help(module: str) -> None:
-    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
+    module_answers_help(module)
 
 
 def test_the_open_loop_steps_override_the_closed_loop_levels(tmp_path: Path) -> None:
-    steps = planned_steps(PLAN, tmp_path, ("LOAD_OVERRIDES", "LOAD_RATES", "PLAN_BUDGET_S", "LOAD_GPU_TESTS"))
+    steps = planned_steps("load", tmp_path)
     assert list(steps) == ["baseline", "B", "A", "recommend-closed", "poisson-baseline", "poisson-A",
                            "recommend-all"]
     overrides = [o for o in steps["poisson-A"][3:] if o != "-m" and not o.startswith("hydra.")]
@@ -44,11 +40,19 @@ def test_the_open_loop_steps_override_the_closed_loop_levels(tmp_path: Path) -> 
     assert list(closed.workload.concurrency) == [1, 4, 16, 64] and closed.workload.arrival == "closed"
 
 
+def test_the_knobs_narrow_the_sweeps(tmp_path: Path) -> None:
+    steps = planned_steps("load", tmp_path, (), "rates=4", "b_steps=2", "a_k=4", "open_k=2", "gpu_tests=a.py b.py")
+    assert list(steps)[0] == "gpu-tests" and steps["gpu-tests"][-2:] == ["a.py", "b.py"]
+    assert "spec.num_steps=2" in steps["B"] and "spec.num_draft_tokens=4" in steps["A"]
+    assert "spec.num_draft_tokens=2" in steps["poisson-A"] and "workload.rate=4" in steps["poisson-baseline"]
+
+
 def test_h200_load_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
     gpu_tests = " ".join(f"tests/sglang_patches/{name}.py" for name in
                          ("test_synthetic_router", "test_moe_budget_graphs", "test_patches"))
-    tree, dest, env = host_stage(tmp_path, SMOLLM2, LOAD_OVERRIDES="run.dry_run=true", LOAD_GPU_TESTS=gpu_tests)
-    started = subprocess.run(["bin/h200", "load"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    tree, dest, env = host_stage(tmp_path, SMOLLM2)
+    started = subprocess.run(["bin/h200", "load", f"gpu_tests={gpu_tests}", "--", "run.dry_run=true"], cwd=tree,
+                             env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0 and "load: started" in started.stdout, started.stdout + started.stderr
     waited = subprocess.run(["bin/h200", "wait", "1200"], cwd=tree, env=env, capture_output=True, text=True,
                             timeout=1260)

