@@ -22,6 +22,7 @@ from experiments.tracking.offline_store import OfflineClient
 SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
 # the host's environment that would point a plan's runs elsewhere (or write conf/local/)
 HOST_VARIABLES = ("OUT", "SPECWS_SITE", "SPECWS_DEST", "SPECWS_DEST_DONE", "PYTHONPATH", "SGLANG_PYTHON", "PYTHON")
+PYTHON = re.compile(r"(^|/)python3?$")
 RECIPES = {"kimi-plan": "kimi", "tp8-plan": "tp8", "load-plan": "load", "d-plan": "d", "probe": "probe"}
 
 
@@ -42,10 +43,10 @@ def planned_steps(plan: str | Path, dest: Path, unset: Iterable[str] = (), *args
 
 
 def started_modules(steps: dict[str, list[str]]) -> set[str]:
-    """The modules the steps start with `-m` (also inside a `bash -c` command line)."""
+    """The modules the steps start with `python3 -m` (also inside a `bash -c` command line)."""
     found = set()
     for argv in steps.values():
-        found |= {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-m" and not argv[i + 1].startswith("-")}
+        found |= {argv[i + 1] for i in range(1, len(argv) - 1) if argv[i] == "-m" and PYTHON.search(argv[i - 1])}
         found |= {m for a in argv for m in re.findall(r"python3 -m ([\w.]+)", a)}
     return found
 
