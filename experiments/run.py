@@ -25,7 +25,7 @@ from experiments.analysis.post_run import log_run_analysis
 from experiments.analysis.verdict_block import log_verdict_block
 from experiments.config import paths
 from experiments.config.closed import refuse_unknown_overrides
-from experiments.config.views import ConfigError, views_of
+from experiments.config.views import typed_run
 from experiments.engines.base import InvalidLaunch
 from experiments.harness.baseline import PairingRefused
 from experiments.harness.devices import held, job_devices, job_line
@@ -49,12 +49,9 @@ FORECASTER = log_forecast
 
 
 def experiment(cfg: DictConfig) -> dict:
-    check_option(cfg)
-    check_inputs(cfg)
-    try:
-        run = views_of(cfg)   # the config typed once: everything below reads this
-    except ConfigError as exc:
-        raise Refused(str(exc)) from None
+    run = typed_run(cfg)   # the config typed once: everything below reads this
+    check_option(run)
+    check_inputs(run)
     try:  # before anything starts, dry runs included: a broken row costs no engine start
         prepared = prepare_workload(run)
     except WorkloadError as exc:
@@ -64,7 +61,7 @@ def experiment(cfg: DictConfig) -> dict:
     # before it looks for its baseline, so that it finds the one the job it waited for measured; its pooled
     # servers then hold them while they live (experiments/harness/devices.py)
     POOL.accelerator = run.site.accelerator
-    with held(job_devices(cfg), job_line()):
+    with held(job_devices(run), job_line()):
         return get_method(run.runner)(run, prepared, hooks)
 
 

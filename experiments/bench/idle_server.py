@@ -22,6 +22,7 @@ import psutil
 from hydra import compose, initialize_config_dir
 
 from experiments.config import paths
+from experiments.config.views import views_of
 from experiments.engines import adapter_for
 from experiments.harness.calibration import EngineCpu, server_processes
 from experiments.harness.client import RequestSettings, WorkloadRunner, fixed_prompts
@@ -62,7 +63,7 @@ def _cores_busy(server: Server, seconds: float) -> float:
 
 def measure(site: str, prompts: int, tokens: int) -> dict:
     cfg = _cfg(site)
-    spec = build_launch_spec(cfg)
+    spec = build_launch_spec(views_of(cfg))
     tmp = Path(tempfile.mkdtemp(prefix="specws-idle-"))
     active = Server(spec, tmp / "active.log")
     active.start(900)

@@ -33,6 +33,18 @@ OPEN = ("hydra", "engine.env", "site.env", "run.tags", "model.hf_config", "model
 ADDED_ON_THE_COMMAND_LINE = {"site": {"patches_forced": None}}
 
 
+def check_composed(cfg: DictConfig) -> None:
+    """Before the config is typed: every key declared (first: a misspelt key explains whatever else looks wrong),
+    an option chosen, and the option names its runner."""
+    refuse_unknown_keys(cfg)
+    option = cfg.get("option")
+    if option is None:
+        raise Refused("choose an experiment with +option=X, X one of baseline, A, B, C, D, E (conf/option/)")
+    if not OmegaConf.select(option, "runner._target_"):
+        raise Refused(f"option {option.name} names no runner (option.runner._target_ in "
+                      f"conf/option/{option.name}.yaml)")
+
+
 def refuse_unknown_keys(cfg: DictConfig) -> None:
     """Raise Refused naming the first key of `cfg` that no config file declares, and the nearest declared one."""
     schema = OmegaConf.create(declared_keys())

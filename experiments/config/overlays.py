@@ -32,3 +32,24 @@ def with_option(cfg: DictConfig, name: str, sections: tuple[str, ...] = ("option
         if section != "option" and section in overlay:
             out[section] = OmegaConf.merge(out.get(section) or {}, overlay[section])
     return out
+
+
+def knobs_set_by_option(cfg: DictConfig) -> frozenset[str]:
+    """The spec settings (dotted from the root: `spec.num_steps`, `spec.ngram.max_match`) whose value is exactly the
+    one the chosen option's own yaml gives them: the option's, not the user's."""
+    option = cfg.get("option")
+    path = OPTIONS / f"{option.name}.yaml" if option is not None else None
+    if path is None or not path.exists():
+        return frozenset()
+    raw = (OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}).get("spec") or {}
+    leaves = [(f"spec.{k}", v) for k, v in raw.items() if not isinstance(v, dict)]
+    leaves += [(f"spec.{k}.{k2}", v2) for k, v in raw.items() if isinstance(v, dict) for k2, v2 in v.items()]
+    return frozenset(knob for knob, value in leaves if value is not None and _same_as_option(cfg, knob, value))
+
+
+def _same_as_option(cfg: DictConfig, knob: str, value: object) -> bool:
+    nested: object = value
+    for part in reversed(knob.split(".")):
+        nested = {part: nested}
+    probe = OmegaConf.merge(cfg, nested)   # the option's value, resolved where the option puts it
+    return OmegaConf.select(probe, knob) == OmegaConf.select(cfg, knob)

@@ -10,6 +10,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from experiments.config.closed import check_composed
+from experiments.config.errors import Refused
+from experiments.config.overlays import knobs_set_by_option
+
 
 class ConfigError(ValueError):
     """A config value of the wrong type or out of range; the message names the key and what it must be."""
@@ -132,6 +136,8 @@ class SpecView:
     num_draft_tokens: int | None = None
     draft_model: str | None = None
     moe_expert_budget: int | None = None
+    moe_telemetry: bool = False          # option E: + the expert_telemetry patch
+    moe_telemetry_dir: str | None = None
     ngram: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -151,6 +157,11 @@ class SiteView:
     accelerator: str
     engines: list[str]
     engine_args: dict[str, list[str]] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    patches: list[str] = field(default_factory=list)
+    patches_forced: list[str] = field(default_factory=list)   # applied whatever their conditions say
+    gpus: int | None = 1
+    nvlink: bool | None = None           # false: PCIe only (no NVLink multicast to switch off)
 
 
 @dataclass(frozen=True)
@@ -160,9 +171,18 @@ class ModelView:
     path: str
     max_model_len: int | None = None
     trust_remote_code: bool = False
+    embedded: bool = False               # shipped in a PyPI package (bin/setup fetches it)
+    hf_id: str | None = None
+    moe: dict[str, Any] = field(default_factory=dict)   # routed experts, router skew, expert budget
 
     def __post_init__(self) -> None:
         _positive("model", max_model_len=self.max_model_len)
+
+    @property
+    def router_skew(self) -> float | None:
+        """`model.moe.router_skew`: the synthetic router's popularity skew (random weights only)."""
+        value = self.moe.get("router_skew")
+        return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -173,6 +193,19 @@ class EngineView:
     module: str
     health_path: str = "/health"
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptionView:
+    """The chosen option (conf/option/<name>.yaml `option`): what it needs and where else it runs."""
+    name: str
+    title: str = ""
+    engine: str | None = None            # the engine it needs (the site must have it)
+    alternative: str | None = None       # the option running the same drafter on another engine
+    offline: str | None = None           # how it runs offline where its engine is missing
+    patches: list[str] = field(default_factory=list)
+    evaluate_as: str | None = None       # an option that trains its head, then is measured as this one
 
 
 @dataclass(frozen=True)
@@ -227,6 +260,7 @@ class RunModeView:
     name: str | None = None
     dry_run: bool = False
     forecast: bool = False
+    tags: dict[str, Any] = field(default_factory=dict)   # extra MLflow tags
     forecast_host_band: float | None = 2.0
 
     def __post_init__(self) -> None:
@@ -261,6 +295,9 @@ class RunView:
     baseline: BaselineView = field(default_factory=BaselineView)
     run: RunModeView = field(default_factory=RunModeView)
     health_path: str = "/health"
+    option_view: OptionView | None = None
+    engine_start: EngineView | None = None    # how the engine's server starts
+    option_knobs: frozenset[str] = frozenset()  # spec keys (dotted) holding exactly the option yaml's own value
     config: Any = field(default=None, compare=False, repr=False)
 
 
@@ -296,6 +333,16 @@ def _typed(schema: type, node: DictConfig | None, section: str, **fixes: Any):
         raise ConfigError(f"{key}: {getattr(exc, 'msg', exc)}".splitlines()[0]) from None
 
 
+def typed_run(cfg: DictConfig) -> RunView:
+    """The composed config checked (every key declared, an option chosen that names its runner) and typed once;
+    a bad value is refused naming its key."""
+    check_composed(cfg)
+    try:
+        return views_of(cfg)
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
+
+
 def views_of(cfg: DictConfig) -> RunView:
     """All views of `cfg`; raises ConfigError naming the first bad value."""
     levels = OmegaConf.select(cfg, "workload.concurrency")
@@ -309,13 +356,25 @@ def views_of(cfg: DictConfig) -> RunView:
                    spec=_typed(SpecView, cfg.spec, "spec"),
                    workload=_typed(WorkloadView, cfg.workload, "workload", concurrency=levels),
                    site=_typed(SiteView, cfg.site, "site"),
-                   limits=limits, tracking=_typed(TrackingView, cfg.tracking, "tracking"),
+                   limits=limits, tracking=tracking_view(cfg),
                    runner=str(OmegaConf.select(cfg, "option.runner._target_", default=RunView.runner)),
                    config=cfg,
                    server=_typed(ServerView, cfg.get("server"), "server"),
                    baseline=_typed(BaselineView, cfg.get("baseline"), "baseline"),
                    run=_typed(RunModeView, cfg.get("run"), "run"),
-                   health_path=str(OmegaConf.select(cfg, "engine.health_path", default="/health")))
+                   health_path=str(OmegaConf.select(cfg, "engine.health_path", default="/health")),
+                   option_view=_typed(OptionView, cfg.option, "option"), engine_start=engine_view(cfg),
+                   option_knobs=knobs_set_by_option(cfg))
+
+
+def tracking_view(cfg: DictConfig) -> TrackingView:
+    """`cfg.tracking`; an unresolvable URI (tracking=server without MLFLOW_TRACKING_URI) says what to set."""
+    try:
+        OmegaConf.select(cfg, "tracking.uri", throw_on_resolution_failure=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"tracking.uri cannot be resolved ({str(exc).splitlines()[0]}); set MLFLOW_TRACKING_URI "
+                          "for tracking=server, or use tracking=local") from None
+    return _typed(TrackingView, cfg.tracking, "tracking")
 
 
 def spec_view(spec: DictConfig | dict[str, Any] | None) -> SpecView:

@@ -8,12 +8,13 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 
-from experiments.engines.config import engine_name, server_env, site_args
+from experiments.config.views import RunView, WorkloadView
+from experiments.engines.config import server_env, site_args
 from experiments.engines.served import Served, behaviour_settings
 from experiments.tracking.redact import redact_env
 
@@ -31,26 +32,26 @@ class PairingRefused(RuntimeError):
     """An option and a baseline that must not be compared (different engine limits)."""
 
 
-def pair_key(cfg: DictConfig, engine_version: str, prompts_digest: str) -> str:
+def pair_key(run: RunView, engine_version: str, prompts_digest: str) -> str:
     """What must match for two runs to be compared: site, model, the engine (module, interpreter, version), every
     server flag other than speculation, the engine's environment (engine.env and site.env; a secret-named value
     counts by name only), the pinned engine limits, and the whole workload including the loaded prompts'
     content."""
-    ident = {"site": cfg.site.name, "model": cfg.model.name, "model_path": str(cfg.model.path),
-             "engine": engine_name(cfg), "engine_version": engine_version, "engine_module": str(cfg.engine.module),
-             "engine_python": str(cfg.engine.python), "engine_env": redact_env(server_env(cfg)),
-             "site_args": site_args(cfg), "extra_args": OmegaConf.to_container(cfg.engine.extra_args),
-             "limits": OmegaConf.to_container(cfg.limits, resolve=True) if cfg.get("limits") else None,
-             **_workload_ident(cfg, prompts_digest)}
+    engine = run.engine_start
+    ident = {"site": run.site.name, "model": run.model.name, "model_path": str(run.model.path),
+             "engine": run.engine, "engine_version": engine_version, "engine_module": engine.module,
+             "engine_python": engine.python, "engine_env": redact_env(server_env(run)),
+             "site_args": site_args(run), "extra_args": list(engine.extra_args), "limits": asdict(run.limits),
+             **_workload_ident(run.workload, prompts_digest)}
     return _digest(ident)
 
 
-def served_pair_key(cfg: DictConfig, served: Served, prompts_digest: str) -> str:
+def served_pair_key(run: RunView, served: Served, prompts_digest: str) -> str:
     """The pairing key of a running server (`server.url`, `baseline.url`): its settings as read back from it, the
     speculative and per-launch ones left out (experiments/engines/served.py), stand in for the command line."""
-    ident = {"site": cfg.site.name, "model": cfg.model.name, "engine": served.engine,
+    ident = {"site": run.site.name, "model": run.model.name, "engine": served.engine,
              "engine_version": served.version, "served": behaviour_settings(served.settings),
-             **_workload_ident(cfg, prompts_digest)}
+             **_workload_ident(run.workload, prompts_digest)}
     return _digest(ident)
 
 
@@ -60,21 +61,19 @@ NOT_MEASURED = ("request_timeout_s", "stall_timeout_s", "level_timeout_s", "floo
 ARRIVAL_KEYS = ("arrival", "rate", "burstiness", "arrival_seed")
 
 
-def _workload_ident(cfg: DictConfig, prompts_digest: str) -> dict:
-    workload = {k: v for k, v in OmegaConf.to_container(cfg.workload, resolve=True).items()
-                if k not in NOT_MEASURED + ARRIVAL_KEYS}
-    return {"workload": workload, "arrivals": arrival_ident(cfg.workload), "prompts_sha": prompts_digest}
+def _workload_ident(workload: WorkloadView, prompts_digest: str) -> dict:
+    measured = {k: v for k, v in asdict(workload).items() if k not in NOT_MEASURED + ARRIVAL_KEYS}
+    return {"workload": measured, "arrivals": arrival_ident(workload), "prompts_sha": prompts_digest}
 
 
-def arrival_ident(workload: DictConfig) -> dict:
+def arrival_ident(workload: WorkloadView) -> dict:
     """The load as the client sends it: closed loop, or the arrival process an open-loop run draws its schedule
     from (poisson is gamma of shape 1; a null arrival_seed is the workload's seed), so that an open-loop run pairs
     only with a baseline released on the same schedules."""
-    if workload.get("arrival", "closed") == "closed":
+    if not workload.open_loop:
         return {"kind": "closed"}
-    seed = workload.get("arrival_seed")
-    return {"kind": "gamma", "rate": float(workload.rate), "shape": float(workload.get("burstiness", 1.0)),
-            "seed": int(workload.seed if seed is None else seed)}
+    return {"kind": "gamma", "rate": float(workload.rate), "shape": float(workload.burstiness),
+            "seed": int(workload.arrival_seed_used)}
 
 
 def _digest(ident: dict) -> str:

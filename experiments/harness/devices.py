@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
-from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import paths
+from experiments.config.views import RunView
 from experiments.engines.config import server_env
 from experiments.tracking.redact import redact_text
 
@@ -149,11 +149,11 @@ DEVICES = DeviceLocks()
 """This process's device holds (the server pool's and the running job's)."""
 
 
-def job_devices(cfg: DictConfig) -> list[str]:
+def job_devices(run: RunView) -> list[str]:
     """The devices a run's servers use (none for a dry run or a running server's URL)."""
-    if OmegaConf.select(cfg, "run.dry_run") or OmegaConf.select(cfg, "server.url"):
+    if run.run.dry_run or run.server.url:
         return []
-    return device_ids(str(OmegaConf.select(cfg, "site.accelerator", default="cpu")), server_env(cfg))
+    return device_ids(run.site.accelerator, server_env(run))
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Resolved config -> LaunchSpec: the exact server command line, its environment and port.
+"""The typed run -> LaunchSpec: the exact server command line, its environment and port.
 
 The command line is validated by the engine's own parser before anything starts (see engines/).
 """
@@ -9,9 +9,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
-
 from experiments.config.errors import Refused
+from experiments.config.views import RunView
 from experiments.engines import adapter_for
 from experiments.engines.config import launch_view_of
 from experiments.tracking.redact import redact_env, redact_text, register_secret
@@ -47,9 +46,9 @@ class LaunchSpec:
                 "key": self.key, **self.extra}
 
 
-def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
+def build_launch_spec(run: RunView) -> LaunchSpec:
     """The server's command line and environment, built by the engine's adapter from the typed launch view."""
-    launch = launch_view_of(cfg)
+    launch = launch_view_of(run)
     adapter = adapter_for(launch.engine.name)
     # the limits go on every command line, baseline included
     args = [str(a) for a in [*adapter.model_args(launch.model), *launch.site_args, *adapter.spec_args(launch.spec),
@@ -58,7 +57,7 @@ def build_launch_spec(cfg: DictConfig) -> LaunchSpec:
     args = adapter.args_for_installed_version(launch.engine.python, args)
     env = dict(launch.env)
     env |= adapter.launch_env(launch, env)
-    key = api_key(OmegaConf.select(cfg, "server.api_key_env"))
+    key = api_key(run.server.api_key_env)
     if key:
         key_args, key_env = adapter.api_key_launch(key)
         args, env = [*args, *key_args], env | key_env

@@ -16,7 +16,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
 
 from experiments.config import paths
 from experiments.config.errors import Refused
@@ -49,9 +48,9 @@ Target = LaunchSpec | Served
 _validated: dict[tuple, Validation] = {}
 
 
-def validated_spec(cfg: DictConfig) -> tuple[LaunchSpec, Validation]:
+def validated_spec(run: RunView) -> tuple[LaunchSpec, Validation]:
     """The launch spec, checked once per command line by the engine's own parser."""
-    spec = build_launch_spec(cfg)
+    spec = build_launch_spec(run)
     key = (spec.python, tuple(spec.args))
     if key not in _validated:
         _validated[key] = adapter_for(spec.engine).validate(spec.python, spec.args)
@@ -91,10 +90,6 @@ class Arming:
     key: str
 
     @property
-    def cfg(self) -> DictConfig:
-        return self.run.config
-
-    @property
     def version(self) -> str:
         return self.target.version if isinstance(self.target, Served) else self.validation.version
 
@@ -107,19 +102,18 @@ def measure_option(run: RunView, prepared: PreparedWorkload, hooks: Hooks) -> di
 
 
 def _arm_option(v: RunView, prepared: PreparedWorkload) -> Arming:
-    cfg = v.config
     if v.server.url:
         if v.run.forecast:
             raise Refused("run.forecast=true starts no option server, so there is none to attach: leave server.url "
                           "unset (baseline.url measures a running baseline)")
         served = attached(v, v.server.url, None if v.run.dry_run else prepared)
-        return Arming(v, served, None, served_pair_key(cfg, served, prepared.digest))
+        return Arming(v, served, None, served_pair_key(v, served, prepared.digest))
     if v.run.dry_run:   # only the command line is validated (the box's, from here), in the engine's interpreter
-        check_engine_env(cfg)
+        check_engine_env(v)
     else:
-        check_assets(cfg)
-    spec, validation = validated_spec(cfg)
-    return Arming(v, spec, validation, pair_key(cfg, validation.version, prepared.digest))
+        check_assets(v)
+    spec, validation = validated_spec(v)
+    return Arming(v, spec, validation, pair_key(v, validation.version, prepared.digest))
 
 
 def _mode(option: Arming) -> str:
@@ -148,14 +142,14 @@ def _host(option: Arming) -> str:
     or the host of a running server's URL."""
     if isinstance(option.target, Served):
         return f"attached:{urlsplit(option.target.url).hostname}/{option.run.site.accelerator}"
-    return host_fingerprint(option.cfg)
+    return host_fingerprint(option.run)
 
 
 def dry_run(option: Arming, prepared: PreparedWorkload, hooks: Hooks) -> dict:
     """A run that records the launch spec (or the running server's account) and the workload plan."""
     v, target = option.run, option.target
-    with open_run(option.cfg, "dry_run", v.run.name or f"{v.option}-plan",
-                  engine_tags(option.cfg, option.version) | {"specws.pair_key": option.key}) as run:
+    with open_run(v, "dry_run", v.run.name or f"{v.option}-plan",
+                  engine_tags(v, option.version) | {"specws.pair_key": option.key}) as run:
         uploads = Uploads(run.client, run.id)
         export_inputs(uploads, *_launch_record(target))
         uploads.dict(prepared.plan.describe(), "workload_plan.json")
@@ -182,10 +176,10 @@ def forecast(option: Arming, prepared: PreparedWorkload, hooks: Hooks) -> dict:
         raise InvalidLaunch("run.forecast=true needs a speculative option paired with a baseline "
                             "(baseline.pair=true) and a forecaster")
     baseline = paired_baseline(option, prepared, hooks)
-    tags = engine_tags(option.cfg, option.version) | {"specws.pair_key": option.key,
-                                                      "specws.baseline_run_id": baseline.info.run_id}
-    params = flatten(option.cfg)
-    with open_run(option.cfg, "forecast", v.run.name or f"{v.option}-{v.workload.label}-forecast", tags,
+    tags = engine_tags(v, option.version) | {"specws.pair_key": option.key,
+                                             "specws.baseline_run_id": baseline.info.run_id}
+    params = flatten(v.config)
+    with open_run(v, "forecast", v.run.name or f"{v.option}-{v.workload.label}-forecast", tags,
                   params) as run:
         for line in hooks.forecaster(run.client, run.id, baseline, params):
             console.print(line)
@@ -201,7 +195,7 @@ def sequential(option: Arming, prepared: PreparedWorkload, hooks: Hooks) -> dict
 def paired_baseline(option: Arming, prepared: PreparedWorkload, hooks: Hooks):
     """A stored baseline that matches (same key and host, recent, no failed request, not measured on a loaded
     host), else a fresh one measured now on the same engine and limits (`_arm_baseline`)."""
-    client, exp_id = setup(option.cfg)
+    client, exp_id = setup(option.run.tracking)
     found = _stored_baseline(client, exp_id, option) if option.run.baseline.lookup else None
     if found is not None:
         return found
@@ -213,7 +207,7 @@ def paired_baseline(option: Arming, prepared: PreparedWorkload, hooks: Hooks):
 
 def _baseline_run(option: Arming) -> RunView:
     """The option's run with conf/option/baseline.yaml laid over it."""
-    bcfg = with_option(option.cfg, "baseline")
+    bcfg = with_option(option.run.config, "baseline")
     bcfg.run.name = f"baseline-{option.run.workload.label}"
     return views_of(bcfg)
 
@@ -227,7 +221,7 @@ def _arm_baseline(option: Arming, prepared: PreparedWorkload) -> Arming:
     if isinstance(option.target, Served):
         raise Refused(f"no stored baseline matches the server at {option.target.url} (pairing key {option.key}); give "
                       "the running baseline server as baseline.url, or set baseline.pair=false")
-    spec, validation = validated_spec(bv.config)
+    spec, validation = validated_spec(bv)
     return Arming(bv, spec, validation, option.key)
 
 
@@ -251,7 +245,7 @@ def _attached_baseline(option: Arming, bv: RunView, prepared: PreparedWorkload) 
         raise Refused("baseline.url pairs a running baseline with a running option server: give the option's as "
                       "server.url, or leave baseline.url unset to launch the baseline")
     served = attached(bv, url, prepared)
-    if served_pair_key(bv.config, served, prepared.digest) != option.key:
+    if served_pair_key(bv, served, prepared.digest) != option.key:
         differ = settings_mismatch(target.settings, served.settings)
         if target.version != served.version:
             differ.insert(0, f"engine version: {target.version} vs {served.version}")
@@ -315,8 +309,8 @@ def _measured_run(side: Arming, prepared: PreparedWorkload) -> Iterator[tuple[Tr
     """An open measured run with its launch record and workload logged: (run, its Measurement, its Uploads)."""
     v = side.run
     name = v.run.name or f"{v.option}-{v.workload.label}"
-    tags = engine_tags(side.cfg, side.version) | {"specws.pair_key": side.key, "specws.host": _host(side)}
-    with open_run(side.cfg, "measure", name, tags) as run:
+    tags = engine_tags(v, side.version) | {"specws.pair_key": side.key, "specws.host": _host(side)}
+    with open_run(v, "measure", name, tags) as run:
         m = Measurement(out_dir() / f"records-{run.id}.jsonl")
         m.records_path.touch()   # named by every way the run ends, before a request finishes
         console.print(f"MLflow run [bold]{name}[/] ({run.id}) in {v.tracking.experiment}; records: {m.records_path}")

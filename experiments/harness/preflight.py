@@ -11,13 +11,12 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
 
-from experiments.config.closed import refuse_unknown_keys
 from experiments.config.errors import Refused  # noqa: F401  (re-exported for the callers)
+from experiments.config.views import RunView
 from experiments.engines import adapter_for
 from experiments.engines.auth import refuse_key_flags
-from experiments.engines.config import available_on_site, engine_name, forced_patches, sglang_patches_for, site_args
+from experiments.engines.config import available_on_site, forced_patches, given_args, sglang_patches_for
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.harness.head_fields import REQUIRED_TO_LOAD, check_head_fields
 from experiments.tracking.store_check import check_tracking, check_writable
@@ -32,46 +31,38 @@ JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a numb
               type(None): "null"}
 
 
-def check_option(cfg: DictConfig) -> None:
-    refuse_unknown_keys(cfg)   # first: a misspelt key explains whatever else looks wrong
-    if cfg.option is None:
-        raise Refused("choose an experiment with +option=X, X one of baseline, A, B, C, D, E "
-                      "(conf/option/)")
-    opt = cfg.option
-    if not OmegaConf.select(opt, "runner._target_"):
-        raise Refused(f"option {opt.name} names no runner (option.runner._target_ in conf/option/{opt.name}.yaml)")
-    site_engines = list(cfg.site.engines)
-    if opt.engine and opt.engine not in site_engines:
-        alt = opt.get("alternative")
-        hint = f"; option {alt} runs the same drafter on {site_engines[0]}" if alt else ""
-        if opt.get("offline"):
+def check_option(run: RunView) -> None:
+    """The option runs on this site's engine, with patches, flags and spec settings the engine will use."""
+    opt, site = run.option_view, run.site
+    if opt.engine and opt.engine not in site.engines:
+        hint = f"; option {opt.alternative} runs the same drafter on {site.engines[0]}" if opt.alternative else ""
+        if opt.offline:
             hint += f"; on this site it runs offline: {opt.offline}"
         raise Refused(f"option {opt.name} ({opt.title}) needs {opt.engine}, which site "
-                      f"{cfg.site.name} does not have (it has {site_engines}){hint}")
-    if not available_on_site(cfg):
-        raise Refused(f"engine {engine_name(cfg)} is not available on site {cfg.site.name} "
-                      f"(it has {site_engines})")
-    check_multicast_off(cfg)
-    check_patches(cfg)
-    refuse_key_flags([*site_args(cfg), *cfg.engine.extra_args])
-    refuse_unused_knobs(cfg)
-    if cfg.spec.get("moe_expert_budget") is not None:
-        check_moe_model(cfg)
-    if cfg.spec.method == "eagle3" and not cfg.spec.draft_model:
-        raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {cfg.model.name}, and none is "
+                      f"{site.name} does not have (it has {site.engines}){hint}")
+    if not available_on_site(run):
+        raise Refused(f"engine {run.engine} is not available on site {site.name} (it has {site.engines})")
+    check_multicast_off(run)
+    check_patches(run)
+    refuse_key_flags(given_args(run))
+    refuse_unused_knobs(run)
+    if run.spec.moe_expert_budget is not None:
+        check_moe_model(run)
+    if run.spec.method == "eagle3" and not run.spec.draft_model:
+        raise Refused(f"option {opt.name} needs an EAGLE-3 head for model {run.model.name}, and none is "
                       f"configured (model.drafters.eagle3 is empty): train one with +option=D "
                       f"or set spec.draft_model=/path/to/head")
 
 
-def check_multicast_off(cfg: DictConfig) -> None:
+def check_multicast_off(run: RunView) -> None:
     """A site with more than one GPU must switch NVLink multicast off in NCCL, PyTorch and NVSHMEM, unless it
     says it has no NVLink (`site.nvlink: false`, the PCIe-only box)."""
-    if int(cfg.site.get("gpus") or 1) <= 1 or cfg.site.get("nvlink") is False:
+    site = run.site
+    if int(site.gpus or 1) <= 1 or site.nvlink is False:
         return
-    env = cfg.site.get("env") or {}
-    wrong = {k: v for k, v in MULTICAST_OFF_ENV.items() if str(env.get(k)) != v}
+    wrong = {k: v for k, v in MULTICAST_OFF_ENV.items() if str(site.env.get(k)) != v}
     if wrong:
-        raise Refused(f"site {cfg.site.name} has {cfg.site.gpus} GPUs but does not switch NVLink multicast off: "
+        raise Refused(f"site {site.name} has {site.gpus} GPUs but does not switch NVLink multicast off: "
                       "set " + ", ".join(f"site.env.{k}={v}" for k, v in wrong.items()))
 
 
@@ -80,25 +71,26 @@ def _flag_is(args: list[str], flag: str, value: str) -> bool:
         f"{flag}={value}" in args
 
 
-def check_patches(cfg: DictConfig) -> None:
+def check_patches(run: RunView) -> None:
     """Patches exist and reach SGLang through the launcher; a budget is a positive integer (B >= the model's
     routed experts = unbudgeted); expert telemetry runs without CUDA graphs (graph replays run no Python)."""
-    patches = sglang_patches_for(cfg)
+    patches = sglang_patches_for(run)
     try:
         resolve(patches)
     except UnknownPatch as exc:
         raise Refused(str(exc)) from None
-    if patches and cfg.engine.module != "sglang_patches.launch":
-        raise Refused(f"patches {patches} need engine.module=sglang_patches.launch (it is {cfg.engine.module})")
-    args = [*site_args(cfg), *cfg.engine.extra_args]
+    module = run.engine_start.module
+    if patches and module != "sglang_patches.launch":
+        raise Refused(f"patches {patches} need engine.module=sglang_patches.launch (it is {module})")
+    args = given_args(run)
     if "synthetic_router" in patches and not _flag_is(args, "--load-format", "dummy"):
         raise Refused("model.moe.router_skew replaces the router's logits (synthetic_router): only for a model "
                       "served with random weights (--load-format dummy); set model.moe.router_skew=null to serve "
                       "real weights")
-    if unrequested := [n for n in forced_patches(cfg) if n not in patches]:
+    if unrequested := [n for n in forced_patches(run) if n not in patches]:
         raise Refused(f"site.patches_forced {unrequested} are not among the patches applied {patches}: "
                       "add them to site.patches")
-    budget = str(cfg.spec.get("moe_expert_budget"))
+    budget = str(run.spec.moe_expert_budget)
     if "moe_budget" in patches and not (budget.isdigit() and int(budget) >= 1):
         raise Refused(f"spec.moe_expert_budget must be a positive integer, got {budget!r}")
     if "expert_telemetry" in patches and "--disable-cuda-graph" not in args:
@@ -106,18 +98,18 @@ def check_patches(cfg: DictConfig) -> None:
                       "'engine.extra_args=[--disable-cuda-graph]' (the baseline then runs without graphs too)")
 
 
-def check_moe_model(cfg: DictConfig) -> None:
+def check_moe_model(run: RunView) -> None:
     """An expert budget needs routed experts: a model whose config.json is here and has none is refused by name
     (a model not on this machine, e.g. the box's Kimi-K2.5 from here, is checked where it is served)."""
     from sglang_patches import PatchRefused
     from sglang_patches.moe_budget import refuse_unless_moe
 
-    config = Path(str(cfg.model.path)) / "config.json"
+    config = Path(run.model.path) / "config.json"
     if config.exists():
         try:
-            refuse_unless_moe(read_config(config, f"model {cfg.model.name}"))
+            refuse_unless_moe(read_config(config, f"model {run.model.name}"))
         except PatchRefused as exc:
-            raise Refused(f"option {cfg.option.name} needs a MoE model; model {cfg.model.name}: {exc} "
+            raise Refused(f"option {run.option} needs a MoE model; model {run.model.name}: {exc} "
                           f"(the small MoE: model=tiny_moe_dsv3)") from None
 
 
@@ -137,39 +129,38 @@ def read_config(path: Path, what: str) -> dict:
     return data
 
 
-def check_inputs(cfg: DictConfig) -> None:
+def check_inputs(run: RunView) -> None:
     """What every runner reads, before the workload is read and before any engine check (dry runs included): a
     model folder and an EAGLE-3 head that are here are complete and fit, the tracking store and the folders the
     run writes can be written."""
-    model = Path(str(cfg.model.path))
-    if model.exists():   # a model that is not here (the box's, checked from here) is checked where it is served
-        check_model_folder(cfg)
-    if not OmegaConf.select(cfg, "option.evaluate_as"):   # an option that trains its head (D) has none yet
-        check_head(cfg, required=not cfg.run.dry_run)
-    check_tracking(cfg)
+    if Path(run.model.path).exists():   # a model not here (the box's, checked from here) is checked where served
+        check_model_folder(run)
+    if not run.option_view.evaluate_as:   # an option that trains its head (D) has none yet
+        check_head(run, required=not run.run.dry_run)
+    check_tracking(run.tracking)
     check_output_dir()
 
 
-def _model_fix(cfg: DictConfig) -> str:
-    return ("run `bin/setup` (python -m experiments.hosts.setup_embedded) once" if cfg.model.embedded
-            else f"set model.path (or its environment variable) to the folder of {cfg.model.hf_id}")
+def _model_fix(run: RunView) -> str:
+    return ("run `bin/setup` (python -m experiments.hosts.setup_embedded) once" if run.model.embedded
+            else f"set model.path (or its environment variable) to the folder of {run.model.hf_id}")
 
 
-def check_model_folder(cfg: DictConfig) -> None:
-    model = Path(str(cfg.model.path))
+def check_model_folder(run: RunView) -> None:
+    model, name = Path(run.model.path), run.model.name
     if not (model / "config.json").is_file():
-        raise Refused(f"model {cfg.model.name}: no Hugging Face folder at {model} (no config.json); {_model_fix(cfg)}")
-    if not any((model / name).is_file() for name in TOKENIZER_FILES) and not any(model.glob("*.tiktoken")):
-        raise Refused(f"model {cfg.model.name}: {model} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
-                      f"{_model_fix(cfg)}")
-    read_config(model / "config.json", f"model {cfg.model.name}")
+        raise Refused(f"model {name}: no Hugging Face folder at {model} (no config.json); {_model_fix(run)}")
+    if not any((model / f).is_file() for f in TOKENIZER_FILES) and not any(model.glob("*.tiktoken")):
+        raise Refused(f"model {name}: {model} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
+                      f"{_model_fix(run)}")
+    read_config(model / "config.json", f"model {name}")
 
 
-def check_engine_env(cfg: DictConfig) -> None:
+def check_engine_env(run: RunView) -> None:
     """The engine's interpreter exists and imports the engine (dry runs included: its parser checks the command
     line); a bare `python3` counts as set up when this interpreter imports the engine, as the engines then use it."""
-    engine, python = engine_name(cfg), str(cfg.engine.python)
-    fix = "run `bin/setup` once" if cfg.model.embedded else f"set engine.python to an interpreter with {engine}"
+    engine, python = run.engine, run.engine_start.python
+    fix = "run `bin/setup` once" if run.model.embedded else f"set engine.python to an interpreter with {engine}"
     bare = os.sep not in python
     if bare and importlib.util.find_spec(engine) is not None:
         return
@@ -200,37 +191,37 @@ def check_output_dir() -> None:
                     f"set {key} to a writable folder")
 
 
-def check_assets(cfg: DictConfig) -> None:
-    check_model_folder(cfg)
-    check_head(cfg)
-    check_engine_env(cfg)
+def check_assets(run: RunView) -> None:
+    check_model_folder(run)
+    check_head(run)
+    check_engine_env(run)
 
 
-def check_head(cfg: DictConfig, required: bool = True) -> None:
+def check_head(run: RunView, required: bool = True) -> None:
     """An EAGLE-3 head exists, parses, fits the target (when the target is here) and the engine can load it; a
     head that is not here passes when not `required` (a dry run: the box's head is checked where it is served)."""
-    if cfg.spec.method != "eagle3":
+    if run.spec.method != "eagle3":
         return
-    head = Path(str(cfg.spec.draft_model))
+    head = Path(str(run.spec.draft_model))
     if not required and not head.exists():
         return
     if not (head / "config.json").exists():
         raise Refused(f"EAGLE-3 head not found at {head}: train one with +option=D "
                       f"(it is saved there) or set spec.draft_model=/path/to/head")
-    model = Path(str(cfg.model.path))
+    model = Path(run.model.path)
     if (model / "config.json").exists():
         check_head_fits(head, model)
-    check_head_loads(cfg, head)
+    check_head_loads(run.engine, head)
 
 
-def check_head_loads(cfg: DictConfig, head: Path) -> None:
+def check_head_loads(engine: str, head: Path) -> None:
     """Refused when the engine cannot load the head's config.json as it is: a field it reads missing or of the
     wrong kind (head_fields), or what the engine itself cannot take (EngineAdapter.head_config_problems)."""
     config = read_config(head / "config.json", f"EAGLE-3 head {head}")
     check_head_fields(config, head / "config.json", REQUIRED_TO_LOAD)
-    problems = adapter_for(engine_name(cfg)).head_config_problems(config)
+    problems = adapter_for(engine).head_config_problems(config)
     if problems:
-        raise Refused(f"{engine_name(cfg)} cannot load EAGLE-3 head {head}: " + "; ".join(problems))
+        raise Refused(f"{engine} cannot load EAGLE-3 head {head}: " + "; ".join(problems))
 
 
 def check_head_fits(head: Path, model: Path) -> None:

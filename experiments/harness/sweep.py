@@ -13,10 +13,12 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.config.views import tracking_view
 from experiments.tracking.lifecycle import TrackedRun, tracked_run
+from experiments.tracking.redact import register_secrets, secrets_of_config
 from experiments.tracking.runs import setup
 from experiments.tracking.store import PARENT_ENV, git_commit
 
@@ -49,7 +51,9 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("option") is None:
             return
-        self.client, exp_id = setup(config)
+        plain = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])   # Hydra's own is unresolvable
+        register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)))
+        self.client, exp_id = setup(tracking_view(config))
         overrides = " ".join(config.hydra.overrides.task)
         self._run_cm = tracked_run(self.client, exp_id, f"sweep-{config.option.name}", {
             "specws.sweep": "parent", "specws.option": config.option.name,
@@ -64,7 +68,7 @@ class SweepCallback(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self._elsewhere() and not os.environ.get(PARENT_ENV):
-            parent = self.parent_id or _parent_from_folder(config)
+            parent = self.parent_id or _parent_from_folder(Path(str(config.hydra.sweep.dir)))
             if parent:
                 os.environ[PARENT_ENV] = parent
 
@@ -136,8 +140,8 @@ class SweepCallback(Callback):
         return sum(r.info.status == "FAILED" for r in children)
 
 
-def _parent_from_folder(config: DictConfig) -> str | None:
-    path = Path(str(config.hydra.sweep.dir)) / PARENT_FILE
+def _parent_from_folder(sweep_dir: Path) -> str | None:
+    path = sweep_dir / PARENT_FILE
     return path.read_text().strip() if path.exists() else None
 
 

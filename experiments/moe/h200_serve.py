@@ -38,6 +38,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.config.paths import ROOT
+from experiments.config.views import views_of
 from experiments.engines import adapter_for
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.harness.client import RequestRecord, RequestSettings, WorkloadRunner, fixed_prompts
@@ -71,8 +72,9 @@ def launch_spec(a: argparse.Namespace, option: str, spec: dict, extra_args: list
     cfg.engine.extra_args = list(extra_args)
     for key, value in spec.items():
         OmegaConf.update(cfg, f"spec.{key}", value, force_add=True)
-    refuse_unused_knobs(cfg)
-    return build_launch_spec(cfg)
+    run = views_of(cfg)
+    refuse_unused_knobs(run)
+    return build_launch_spec(run)
 
 
 def telemetry_spec(folder: Path) -> dict:

@@ -156,6 +156,7 @@ def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) 
     from hydra import compose, initialize_config_dir
 
     from experiments.config.paths import ROOT
+    from experiments.config.views import views_of
     from experiments.engines.config import engine_tags
     from experiments.tracking.runs import open_run
     from experiments.tracking.store import flatten
@@ -164,7 +165,8 @@ def log_run(result: dict, own: dict, served: dict | None, overrides: list[str]) 
         cfg = compose("config", overrides=["model=tiny_moe_dsv3", "+option=E", *overrides])
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("model.", "site.name"))}
     params |= {"telemetry.max_new_tokens": str(result["max_new_tokens"]), "telemetry.prompts": str(result["prompts"])}
-    with open_run(cfg, "telemetry", "E-telemetry", engine_tags(cfg, "hf-offline"), params) as run:
+    view = views_of(cfg)
+    with open_run(view, "telemetry", "E-telemetry", engine_tags(view, "hf-offline"), params) as run:
         _log_growth(run.client, run.id, result, own, served)
     return run.id
 

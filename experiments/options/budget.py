@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
+from experiments.config.views import views_of
 from experiments.engines.config import engine_tags
 from experiments.harness.measure import console
 from experiments.harness.preflight import Refused, check_moe_model
@@ -101,7 +102,8 @@ def run_offline(cfg: DictConfig) -> dict:
 
     if cfg.option is None or "moe_budget" not in (cfg.option.get("patches") or []):
         raise Refused("experiments.options.budget runs an option with the MoE expert budget (+option=E)")
-    check_moe_model(cfg)
+    view = views_of(cfg)
+    check_moe_model(view)
     path = str(cfg.model.path)
     if not os.path.exists(os.path.join(path, "config.json")):
         raise Refused(f"model {cfg.model.name} not found at {path}: build it with python -m experiments.moe.build")
@@ -125,8 +127,8 @@ def run_offline(cfg: DictConfig) -> dict:
     else:
         raise Refused(f"spec.offline_mode must be teacher_text or free, got {mode!r}")
     metrics["budget_fraction"] = budget / num_experts
-    tags = engine_tags(cfg, "hf-offline") | {"specws.spec_method": "ngram (offline, HF forward)"}
-    with open_run(cfg, "measure", f"E-offline-B{budget}", tags) as run:
+    tags = engine_tags(view, "hf-offline") | {"specws.spec_method": "ngram (offline, HF forward)"}
+    with open_run(view, "measure", f"E-offline-B{budget}", tags) as run:
         client = run.client
         for key, value in metrics.items():
             client.log_metric(run.id, key, float(value))

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.overlays import with_option
 from experiments.config.paths import cache_dir
+from experiments.config.views import views_of
 from experiments.engines.config import engine_tags
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.measure import console
@@ -91,7 +92,7 @@ def _data_and_answers(cfg: DictConfig, work: Path) -> list[str]:
     """ShareGPT (a seeded sample) and the team's own traffic (ShareGPT-format JSON/JSONL, when the file is
     there), merged, then answered again by the target served with this site's flags."""
     sf, q = cfg.train.specforge, shlex.quote
-    serve = build_launch_spec(with_option(cfg, "baseline"))
+    serve = build_launch_spec(views_of(with_option(cfg, "baseline")))
     server = " ".join(q(a) for a in [*serve.argv[:-4], "--host", "127.0.0.1", "--port", "30000"])
     env = " ".join(f"{k}={q(v)}" for k, v in serve.env.items())
     scripts, data, traffic = f"{q(str(sf.repo))}/scripts", work / "data", q(str(sf.traffic_path))
@@ -277,11 +278,13 @@ def plan(cfg: DictConfig) -> dict:
             if text is not None:
                 (work / name).write_text(text)
     (work / "estimate.json").write_text(json.dumps(estimate, indent=2) + "\n")
-    tags = engine_tags(cfg, "specforge") | {"specws.specforge_check": forms["verdict"], "specws.specforge.draft": DRAFT,
-                                             "specws.specforge.hours_estimate": str(estimate["hours"]["total"])}
+    run_view = views_of(cfg)
+    tags = engine_tags(run_view, "specforge") | {
+        "specws.specforge_check": forms["verdict"], "specws.specforge.draft": DRAFT,
+        "specws.specforge.hours_estimate": str(estimate["hours"]["total"])}
     tags |= {f"specws.specforge.{k}.check": forms[k]["check"] for k in files}
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
-    with open_run(cfg, "plan", "D-plan", tags, params) as run:
+    with open_run(run_view, "plan", "D-plan", tags, params) as run:
         for form, names in files.items():
             for name in names:
                 run.client.log_artifact(run.id, str(work / name), f"specforge/{form}")

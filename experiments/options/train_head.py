@@ -34,7 +34,7 @@ def train_and_evaluate(run: RunView, prepared: PreparedWorkload, hooks: Hooks) -
         from experiments.options.specforge_plan import plan
         return plan(cfg)
     params = {k: v for k, v in flatten(cfg).items() if k.startswith(("train.", "model.", "site.name", "option."))}
-    with open_run(cfg, "train", "D-train", engine_tags(cfg, "n/a"), params) as training:
+    with open_run(run, "train", "D-train", engine_tags(run, "n/a"), params) as training:
         console.print(f"MLflow run [bold]D-train[/] ({training.id}): training an EAGLE-3 head for {run.model.name}")
         metrics = _train(cfg, training.client, training.id)
     result = measure_option(views_of(_as_evaluation(cfg, training.id)), prepared, hooks)

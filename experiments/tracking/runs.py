@@ -10,28 +10,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from experiments.config.views import RunView, TrackingView
 from experiments.tracking.console_guard import redact_logs
 from experiments.tracking.lifecycle import TrackedRun, apply_pending_ends, fail_stale_runs, tracked_run
 from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
-from experiments.tracking.redact import register_secrets, secrets_of_config, secrets_of_environ
+from experiments.tracking.redact import register_secrets, secrets_of_environ
 from experiments.tracking.redacting import RedactingClient
 from experiments.tracking.spool import SpoolingClient, apply_spooled, spools
 from experiments.tracking.store import flatten, mlflow, run_tags, sqlite_file
 
 
 @contextmanager
-def open_run(cfg: DictConfig, mode: str, name: str, tags: dict[str, str] | None = None,
+def open_run(run: RunView, mode: str, name: str, tags: dict[str, str] | None = None,
              params: dict[str, str] | None = None, **lifecycle: Any) -> Iterator[TrackedRun]:
-    """A run of `cfg` in its experiment: the workspace's tags for `mode` (run_tags), the config's own
-    `run.tags`, then `tags`; the flattened config as params unless `params` is given; ended by `tracked_run` on
-    every way out (`lifecycle`: its parent_id, start_time, store_retry_s). `run.client` is the store's client."""
-    client, exp_id = setup(cfg)
-    user = {k: str(v) for k, v in (OmegaConf.select(cfg, "run.tags") or {}).items()}
-    with tracked_run(client, exp_id, name, run_tags(cfg, mode) | user | (tags or {}),
-                     flatten(cfg) if params is None else params, **lifecycle) as run:
-        yield run
+    """A run in its experiment: the workspace's tags for `mode` (run_tags), the config's own `run.tags`, then
+    `tags`; the flattened config as params unless `params` is given; ended by `tracked_run` on every way out
+    (`lifecycle`: its parent_id, start_time, store_retry_s). `run.client` is the store's client."""
+    client, exp_id = setup(run.tracking)
+    user = {k: str(v) for k, v in run.run.tags.items()}
+    with tracked_run(client, exp_id, name, run_tags(run, mode) | user | (tags or {}),
+                     flatten(run.config) if params is None else params, **lifecycle) as tracked:
+        yield tracked
 
 
 @contextmanager
@@ -51,30 +50,30 @@ def _store_lock(uri: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def setup(cfg: DictConfig) -> tuple[Any, str]:
+def setup(tracking: TrackingView) -> tuple[Any, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder.
     An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store).
-    The client redacts what it writes: the secrets of the config and of this process's environment included; on a
-    tracking server (http(s)) or a SQLite file it spools a run's writes to disk once the store fails (tracking.spool).
-    Log records are redacted from here on, and MLflow prints no run URL (tracking.console_guard)."""
+    The client redacts what it writes: the secrets of this process's environment included (the entry point
+    registers the config's); on a tracking server (http(s)) or a SQLite file it spools a run's writes to disk once
+    the store fails (tracking.spool). Log records are redacted from here on, and MLflow prints no run URL
+    (tracking.console_guard)."""
     redact_logs()
-    plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])   # a sweep callback's has it, unresolvable
-    register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)) | secrets_of_environ(os.environ))
-    if str(cfg.tracking.uri).startswith(URI_PREFIX):
-        client = RedactingClient(OfflineClient(str(cfg.tracking.uri).removeprefix(URI_PREFIX)))
-        _fail_stale_once(client, str(cfg.tracking.uri), cfg.tracking.experiment)
-        return client, cfg.tracking.experiment
+    register_secrets(secrets_of_environ(os.environ))
+    uri = tracking.uri
+    if uri.startswith(URI_PREFIX):
+        client = RedactingClient(OfflineClient(uri.removeprefix(URI_PREFIX)))
+        _fail_stale_once(client, uri, tracking.experiment)
+        return client, tracking.experiment
     if mlflow is None:
         raise RuntimeError(f"MLflow is not installed here; use tracking.uri={URI_PREFIX}<folder> and import the "
                            "runs elsewhere with `python -m experiments.tracking.import_runs <folder>`")
-    mlflow.set_tracking_uri(cfg.tracking.uri)
+    mlflow.set_tracking_uri(uri)
     from mlflow.tracking import MlflowClient
 
-    uri = str(cfg.tracking.uri)
     with _store_lock(uri):
         plain_client = MlflowClient()
         client = RedactingClient(SpoolingClient(plain_client, uri) if spools(uri) else plain_client)
-        exp_id = _experiment_id(client, cfg)
+        exp_id = _experiment_id(client, tracking)
     _fail_stale_once(client, uri, exp_id, plain_client)
     return client, exp_id
 
@@ -96,16 +95,16 @@ def _fail_stale_once(client, uri: str, experiment_id: str, plain_client=None) ->
     fail_stale_runs(client, experiment_id)
 
 
-def _experiment_id(client, cfg: DictConfig) -> str:
+def _experiment_id(client, tracking: TrackingView) -> str:
     """The experiment's id, created if missing: on a shared server another runner may create it between the lookup
     and the creation (RESOURCE_ALREADY_EXISTS), and then its id is the one."""
-    name = cfg.tracking.experiment
+    name = tracking.experiment
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     location = None
-    if cfg.tracking.artifact_root:
-        root = Path(cfg.tracking.artifact_root)
+    if tracking.artifact_root:
+        root = Path(tracking.artifact_root)
         root.mkdir(parents=True, exist_ok=True)
         location = (root / name.replace("/", "_")).as_uri()
     from mlflow.exceptions import MlflowException

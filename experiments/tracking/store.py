@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.paths import ROOT
+from experiments.config.views import RunView
 from experiments.tracking.redact import redact_params
 
 try:
@@ -83,20 +84,20 @@ def git_commit() -> str:
         return "unknown"
 
 
-def host_fingerprint(cfg: DictConfig) -> str:
+def host_fingerprint(run: RunView) -> str:
     """The machine a baseline was measured on, for the drift check of a stored baseline: host name, CPU count,
     accelerator kind and the engine interpreter (another environment is another engine build)."""
-    return f"{platform.node()}/{os.cpu_count()}cpu/{cfg.site.accelerator}/{cfg.engine.python}"
+    return f"{platform.node()}/{os.cpu_count()}cpu/{run.site.accelerator}/{run.engine_start.python}"
 
 
-def run_tags(cfg: DictConfig, mode: str, engine: dict[str, str] | None = None) -> dict[str, str]:
+def run_tags(run: RunView, mode: str, engine: dict[str, str] | None = None) -> dict[str, str]:
     """What a run is and where it ran; `engine` is the engine's own tags (experiments.engines.config.engine_tags)."""
     return (engine or {}) | {
-        "specws.option": cfg.option.name, "specws.site": cfg.site.name, "specws.model": cfg.model.name,
-        "specws.workload": cfg.workload.name, "specws.mode": mode,
-        "specws.spec_method": cfg.spec.method, "git.commit": git_commit(),
+        "specws.option": run.option, "specws.site": run.site.name, "specws.model": run.model.name,
+        "specws.workload": run.workload.name, "specws.mode": mode,
+        "specws.spec_method": run.spec.method, "git.commit": git_commit(),
         "host.platform": platform.platform(), "host.cpu_count": str(os.cpu_count()),
-        "host.accelerator": cfg.site.accelerator, "specws.host": host_fingerprint(cfg),
+        "host.accelerator": run.site.accelerator, "specws.host": host_fingerprint(run),
         "versions.mlflow": _version("mlflow"), "versions.hydra": _version("hydra-core"),
         "versions.torch": _version("torch"), "versions.sglang": _version("sglang"),
     }

@@ -14,11 +14,10 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
 import httpx
-from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from experiments.config.errors import Refused
+from experiments.config.views import TrackingView
 from experiments.tracking.offline_store import URI_PREFIX
 from experiments.tracking.redact import redact_text
 from experiments.tracking.store import sqlite_file
@@ -33,31 +32,27 @@ QUICK_CHECK_STEPS = 10_000   # SQLite virtual-machine steps between two looks at
 SQLITE_BUSY_S = 1.0
 
 
-def check_tracking(cfg: DictConfig) -> None:
+def check_tracking(tracking: TrackingView) -> None:
     """The store of tracking.uri can be written (a local folder, a SQLite file that is an MLflow store or new) or
     answers within seconds (a server); the artifact folders the run writes can be written."""
-    try:
-        uri = str(cfg.tracking.uri)
-    except OmegaConfBaseException as exc:
-        raise Refused(f"tracking.uri cannot be resolved ({str(exc).splitlines()[0]}); set MLFLOW_TRACKING_URI "
-                      "for tracking=server, or use tracking=local") from None
+    uri, experiment = tracking.uri, tracking.experiment
     shown = redact_text(uri)
     where, fix = f"tracking.uri={shown}", "point tracking.uri at a writable place"
     if uri.startswith(URI_PREFIX):   # the offline store keeps its artifacts in its own folder
         check_writable(Path(uri.removeprefix(URI_PREFIX)), where, fix)
         return
     if uri.startswith(("http://", "https://")):
-        _check_tracking_server(uri, shown, str(cfg.tracking.experiment))
+        _check_tracking_server(uri, shown, experiment)
     elif (db := sqlite_file(uri)) is not None:
         check_writable(db.parent, where, fix)
-        if _sqlite_store_has(db, shown, str(cfg.tracking.experiment)):
-            _check_experiment_location(uri, shown, str(cfg.tracking.experiment))
+        if _sqlite_store_has(db, shown, experiment):
+            _check_experiment_location(uri, shown, experiment)
     elif uri.startswith("file://"):
         check_writable(Path(uri.split("://", 1)[1]), where, fix)
     elif "://" not in uri:   # a plain folder: MLflow's file store
         check_writable(Path(uri), where, fix)
-    if cfg.tracking.get("artifact_root"):
-        root = Path(str(cfg.tracking.artifact_root))
+    if tracking.artifact_root:
+        root = Path(tracking.artifact_root)
         check_writable(root, f"tracking.artifact_root={root}", "set tracking.artifact_root to a writable folder")
 
 

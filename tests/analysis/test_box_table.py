@@ -17,6 +17,7 @@ from experiments.analysis.speedup.box_terms import DRAFTERS, TERMS, BandUnavaila
 from experiments.analysis.speedup.cli import main
 from experiments.analysis.speedup.model import load_expert_curve
 from experiments.config.paths import ROOT
+from experiments.config.views import typed_run
 from experiments.harness.launch import build_launch_spec
 
 JOURNAL = ROOT / "docs/journal/2026-12-02-h200"
@@ -146,7 +147,7 @@ def test_kernel_fit_constants_are_the_committed_kernel_table() -> None:
 
 def test_graph_caps_are_the_box_sites() -> None:
     def cap(option: str) -> int:
-        args = build_launch_spec(compose_cfg("site=blackwell", f"+option={option}")).args
+        args = build_launch_spec(typed_run(compose_cfg("site=blackwell", f"+option={option}"))).args
         return int(args[args.index("--cuda-graph-max-bs-decode") + 1])
     assert cap("baseline") == bt.DECODE_GRAPH_CAP
     assert cap("A") == cap("B") == cap("E") == bt.VERIFY_GRAPH_CAP

@@ -10,6 +10,7 @@ import pytest
 from conftest import VLLM_PYTHON, compose_cfg
 from omegaconf.errors import InterpolationKeyError
 
+from experiments.config.views import typed_run
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.engines.vllm_engine import VLLMAdapter, model_config_present
 from experiments.harness.launch import build_launch_spec
@@ -31,7 +32,7 @@ def flags(args: list[str]) -> list[str]:
 @pytest.mark.parametrize("option", ["baseline", "A", "B", "E"])
 def test_box_sglang_command_line_passes_sglang_parser(option: str) -> None:
     sglang = pytest.importorskip("sglang")
-    spec = build_launch_spec(box(f"+option={option}"))
+    spec = build_launch_spec(typed_run(box(f"+option={option}")))
     result = SGLangAdapter().validate(sys.executable, spec.args)
     assert result.ok, result.error
     assert result.version == sglang.__version__
@@ -46,7 +47,7 @@ def test_each_kimi_drafter_reaches_sglang_with_its_recommended_settings(drafter:
     pytest.importorskip("sglang")
     cfg = box("+option=B", f"model.drafter={drafter}")
     head = cfg.model.eagle3_drafters[drafter]
-    args = build_launch_spec(cfg).args
+    args = build_launch_spec(typed_run(cfg)).args
     assert args[args.index("--speculative-draft-model-path") + 1] == head.path
     assert [args[args.index(f) + 1] for f in ("--speculative-num-steps", "--speculative-eagle-topk",
                                               "--speculative-num-draft-tokens")] == \
@@ -56,7 +57,7 @@ def test_each_kimi_drafter_reaches_sglang_with_its_recommended_settings(drafter:
 
 def test_sglang_parser_refuses_a_box_flag_it_does_not_know() -> None:
     pytest.importorskip("sglang")
-    args = build_launch_spec(box("+option=B")).args
+    args = build_launch_spec(typed_run(box("+option=B"))).args
     bad = [a.replace("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-decodez") for a in args]
     result = SGLangAdapter().validate(sys.executable, bad)
     assert not result.ok and "--cuda-graph-max-bs-decodez" in result.error
@@ -96,10 +97,10 @@ def test_every_site_flag_and_variable_has_a_reason_and_an_issue_link() -> None:
 
 
 def test_box_runs_sglangs_default_int4_moe_kernel_and_keeps_triton_as_opt_in() -> None:
-    default = build_launch_spec(box("+option=baseline"))
+    default = build_launch_spec(typed_run(box("+option=baseline")))
     assert box("+option=baseline").site.patches == []
     assert "SPECWS_SGLANG_PATCHES" not in default.env or default.env["SPECWS_SGLANG_PATCHES"] == ""
-    opted = build_launch_spec(box("+option=baseline", "site.patches=[sm12x_wna16_moe_triton]"))
+    opted = build_launch_spec(typed_run(box("+option=baseline", "site.patches=[sm12x_wna16_moe_triton]")))
     assert opted.env["SPECWS_SGLANG_PATCHES"] == "sm12x_wna16_moe_triton"
 
 
@@ -112,7 +113,7 @@ def test_reasons_are_logged_with_every_run_as_params() -> None:
 
 def test_option_c_box_command_passes_vllm_parser(embedded_ready) -> None:
     cfg = box("+option=C")   # the option itself switches the box to vLLM
-    spec = build_launch_spec(cfg)
+    spec = build_launch_spec(typed_run(cfg))
     assert spec.python == str(VLLM_PYTHON)
     args = spec.args
     conf = json.loads(args[args.index("--speculative-config") + 1])

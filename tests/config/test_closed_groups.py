@@ -12,6 +12,7 @@ import pytest
 from conftest import compose_cfg, run_workspace
 
 from experiments.config.closed import OPEN, declared_keys, nearest, refuse_unknown_keys, refuse_unknown_overrides
+from experiments.config.views import typed_run
 from experiments.harness.preflight import Refused, check_option
 
 OPTIONS = ("baseline", "A", "B", "C", "D", "E")
@@ -42,7 +43,7 @@ REFUSAL_CPU_S, REFUSAL_WALL_S = 10.0, 60.0
 def test_an_unknown_key_is_refused_naming_the_nearest_declared_one(override: str, named: str,
                                                                    nearest_key: str) -> None:
     with pytest.raises(Refused) as refused:
-        check_option(compose_cfg("+option=A", override))
+        check_option(typed_run(compose_cfg("+option=A", override)))
     said = str(refused.value)
     assert said.startswith(f"unknown setting {named}: ") and f"did you mean {nearest_key}?" in said, said
 

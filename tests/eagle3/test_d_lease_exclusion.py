@@ -10,7 +10,6 @@ import json
 import pytest
 from conftest import compose_cfg
 
-from experiments.config.paths import ROOT
 from experiments.config.views import views_of
 from experiments.eagle3.gpu import _data_settings, parser
 from experiments.eagle3.split import base_id, build_split, turn_hash, user_texts
@@ -18,10 +17,6 @@ from experiments.harness.prepare import SHAREGPT_SPARE, prepare_workload
 from experiments.harness.workloads.loader import SHAREGPT, load_workload
 from tests.helpers.plans import planned_steps
 
-PLAN = ROOT / "bin" / "d-plan"
-PLAN_VARIABLES = ("D_TRAIN_ARGS", "D_FALLBACK_ARGS", "D_TRAIN_EXTRA", "D_OVERRIDES", "D_PROMPTS", "D_WORKLOADS",
-                  "D_MINUTES", "D_Q25_MINUTES", "D_Q25_NEED", "D_T07_NEED", "D_TRAIN_TIMEOUT", "D_SKIP_TRAIN",
-                  "PLAN_BUDGET_S")
 SERVING = ("B-new", "B-committed", "t07-new", "t07-committed")
 
 
@@ -57,9 +52,9 @@ def plan(tmp_path_factory) -> dict[str, list[str]]:
     head = dest / "cache" / "eagle3" / "heads" / "smollm2_135m-gpu"
     head.mkdir(parents=True)
     (head / "specws_eagle3.json").write_text(json.dumps({"steps": 1000}))
-    steps = planned_steps(PLAN, dest, PLAN_VARIABLES)
+    steps = planned_steps("d", dest)
     (head / "specws_eagle3.json").unlink()
-    steps |= {k: v for k, v in planned_steps(PLAN, dest, PLAN_VARIABLES).items() if k not in steps}
+    steps |= {k: v for k, v in planned_steps("d", dest).items() if k not in steps}
     assert {"train", "train-fallback", "q25", *SERVING} <= set(steps)
     return steps
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import compose_cfg
 
-from experiments.config.views import spec_view
+from experiments.config.views import spec_view, views_of
 from experiments.engines import adapter_for
 from experiments.engines.config import sglang_patches_for
 from experiments.engines.knobs import refuse_unused_knobs
@@ -19,14 +19,14 @@ SHIPPED = [(site, option) for site in ("local", "h200", "blackwell") for option 
 @pytest.mark.parametrize(("site", "option"), SHIPPED)
 def test_shipped_options_are_not_refused_for_unused_settings(site: str, option: str) -> None:
     cfg = compose_cfg(f"+option={option.split()[0]}", f"site={site}", *option.split()[1:])
-    refuse_unused_knobs(cfg)
+    refuse_unused_knobs(views_of(cfg))
 
 
 def test_sglang_refuses_vllms_ngram_window_by_name() -> None:
     cfg = compose_cfg("site=h200", "+option=A", "spec.ngram.min_match=3")
     with pytest.raises(Refused, match=r"spec\.ngram\.min_match=3: SGLang's NGRAM drafter has no such setting .*"
                                       r"remove it or use engine=vllm"):
-        check_option(cfg)
+        check_option(views_of(cfg))
 
 
 @pytest.mark.parametrize(("overrides", "named"), [
@@ -48,7 +48,7 @@ def test_sglang_refuses_vllms_ngram_window_by_name() -> None:
 def test_each_ignored_setting_is_refused_by_name(overrides: list[str], named: str) -> None:
     with pytest.raises(Refused, match="would not use these settings: .*" + named.replace(".", r"\.").replace(
             "(", r"\(").replace("+", r"\+")):
-        refuse_unused_knobs(compose_cfg(*overrides))
+        refuse_unused_knobs(views_of(compose_cfg(*overrides)))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -59,18 +59,18 @@ def test_each_ignored_setting_is_refused_by_name(overrides: list[str], named: st
     ["+option=C", "spec.num_steps=2"],
 ])
 def test_settings_the_engine_uses_pass(overrides: list[str]) -> None:
-    refuse_unused_knobs(compose_cfg(*overrides))
+    refuse_unused_knobs(views_of(compose_cfg(*overrides)))
 
 
 def test_option_owned_settings_are_still_listed_as_unused() -> None:
     """Option E drafts with NGRAM on the small MoE but carries its EAGLE steps: not the user's, not refused,
     still named by the adapter (a fix belongs in conf/option/E.yaml)."""
     cfg = compose_cfg("+option=E", "site=h200", "model=tiny_moe_dsv3")
-    unused = adapter_for("sglang").unused_knobs(spec_view(cfg.spec), sglang_patches_for(cfg))
+    unused = adapter_for("sglang").unused_knobs(spec_view(cfg.spec), sglang_patches_for(views_of(cfg)))
     assert unused == ["spec.num_steps", "spec.topk", "spec.draft_model"]
 
 
 def test_dry_runs_are_refused_too() -> None:
     cfg = compose_cfg("site=h200", "+option=A", "spec.ngram.max_match=5", "run.dry_run=true")
     with pytest.raises(Refused, match=r"spec\.ngram\.max_match=5"):
-        check_option(cfg)
+        check_option(views_of(cfg))

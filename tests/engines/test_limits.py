@@ -13,7 +13,7 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.config.paths import cache_dir
-from experiments.config.views import ConfigError, views_of
+from experiments.config.views import ConfigError, typed_run, views_of
 from experiments.engines import limits_mismatch
 from experiments.engines.base import Validation
 from experiments.engines.sglang_engine import CHECK_SCRIPT, SGLangAdapter, server_info_limits
@@ -27,7 +27,8 @@ SITE_LIMIT = {"h200": 64, "blackwell": 128}   # site.max_running_requests: each 
 
 
 def _spec(site: str, option: str, *more: str):
-    return build_launch_spec(compose_cfg(f"+option={option.split()[0]}", f"site={site}", *option.split()[1:], *more))
+    name, *rest = option.split()
+    return build_launch_spec(typed_run(compose_cfg(f"+option={name}", f"site={site}", *rest, *more)))
 
 
 def _flag(args: list[str], flag: str) -> str:
@@ -59,9 +60,9 @@ def test_baseline_and_option_share_the_site_limit_and_a_level_above_it_is_refuse
     base, opt = _spec("h200", "baseline"), _spec("h200", "A")
     assert _flag(base.args, "--max-running-requests") == _flag(opt.args, "--max-running-requests") == "64"
     chat = compose_cfg("+option=B", "site=blackwell", "workload.concurrency=[1,4,16,64,128]")
-    assert _flag(build_launch_spec(chat).args, "--max-running-requests") == "128"
+    assert _flag(build_launch_spec(typed_run(chat)).args, "--max-running-requests") == "128"
     local = compose_cfg("+option=A", "site=local", "workload.concurrency=[1,4,16]")   # no site value: the workload's
-    assert _flag(build_launch_spec(local).args, "--max-num-seqs") == "16"
+    assert _flag(build_launch_spec(typed_run(local)).args, "--max-num-seqs") == "16"
     with pytest.raises(ConfigError, match=r"level 256 is above the engine limit limits.max_running_requests=128"):
         views_of(compose_cfg("+option=B", "site=blackwell", "workload.concurrency=[1,256]"))
 
@@ -77,7 +78,7 @@ def test_a_limit_the_site_or_the_user_gives_is_left_to_them() -> None:
 @pytest.mark.parametrize("option", ["baseline", "A", "C"])
 def test_vllm_engine_config_reports_the_pinned_max_num_seqs(option: str, embedded_ready) -> None:
     # the runner's own check, cached per command line: tests/engines/test_parsers.py checks option A's too
-    spec, validation = validated_spec(compose_cfg(f"+option={option}"))
+    spec, validation = validated_spec(typed_run(compose_cfg(f"+option={option}")))
     assert _flag(spec.args, "--max-num-seqs") == "4"    # grounded: concurrency [1, 4]
     assert validation.ok, validation.error
     limits = VLLMAdapter().effective_limits("http://127.0.0.1:9", validation)

@@ -7,6 +7,7 @@ import sys
 import pytest
 from conftest import VLLM_PYTHON, compose_cfg
 
+from experiments.config.views import typed_run
 from experiments.engines.base import InvalidLaunch
 from experiments.engines.sglang_engine import SGLangAdapter
 from experiments.harness.launch import build_launch_spec
@@ -19,14 +20,14 @@ sglang = pytest.importorskip("sglang")  # installed by bin/setup; CI has it
 @pytest.mark.parametrize("option", ["baseline", "A", "B", "E"])
 def test_blackwell_sglang_command_lines_pass_sglang_parser(option: str) -> None:
     cfg = compose_cfg(f"+option={option}", "site=blackwell")
-    spec = build_launch_spec(cfg)
+    spec = build_launch_spec(typed_run(cfg))
     result = SGLangAdapter().validate(sys.executable, spec.args)
     assert result.ok, result.error
     assert result.version == sglang.__version__
 
 
 def test_ngram_flags_reach_sglang() -> None:
-    spec = build_launch_spec(compose_cfg("+option=A", "site=blackwell", "spec.num_draft_tokens=6"))
+    spec = build_launch_spec(typed_run(compose_cfg("+option=A", "site=blackwell", "spec.num_draft_tokens=6")))
     args = spec.args
     assert args[args.index("--speculative-algorithm") + 1] == "NGRAM"
     assert args[args.index("--speculative-num-draft-tokens") + 1] == "6"
@@ -51,7 +52,7 @@ def test_sglang_refuses_unknown_attention_backend() -> None:
 
 
 def test_vllm_accepts_option_a(embedded_ready) -> None:
-    spec, validation = validated_spec(compose_cfg("+option=A"))
+    spec, validation = validated_spec(typed_run(compose_cfg("+option=A")))
     assert validation.ok and validation.version.startswith("0.")
     assert spec.python == str(VLLM_PYTHON)
 
@@ -59,13 +60,13 @@ def test_vllm_accepts_option_a(embedded_ready) -> None:
 def test_vllm_refuses_invalid_ngram_window_before_launch(embedded_ready) -> None:
     cfg = compose_cfg("+option=A", "spec.ngram.min_match=5", "spec.ngram.max_match=2")
     with pytest.raises(InvalidLaunch, match="prompt_lookup_min=5 must be <= prompt_lookup_max=2"):
-        validated_spec(cfg)
+        validated_spec(typed_run(cfg))
 
 
 def test_vllm_refuses_unknown_flag(embedded_ready) -> None:
     cfg = compose_cfg("+option=baseline", "engine.extra_args=[--speculative-windowz,3]")
     with pytest.raises(InvalidLaunch, match="unrecognized arguments: --speculative-windowz"):
-        validated_spec(cfg)
+        validated_spec(typed_run(cfg))
 
 
 def test_taken_port_is_replaced() -> None:
@@ -89,11 +90,12 @@ def test_an_api_key_from_the_environment_reaches_the_servers_and_never_the_recor
 
     key = "sk-parser-key-5e1f"
     monkeypatch.setenv("SPECWS_TEST_API_KEY", key)
-    spec = build_launch_spec(compose_cfg("+option=A", "site=blackwell", "server.api_key_env=SPECWS_TEST_API_KEY"))
+    spec = build_launch_spec(typed_run(compose_cfg("+option=A", "site=blackwell",
+                                                   "server.api_key_env=SPECWS_TEST_API_KEY")))
     assert spec.args[spec.args.index("--api-key") + 1] == key and spec.api_key == key
     result = SGLangAdapter().validate(sys.executable, spec.args)
     assert result.ok, result.error
-    vllm = build_launch_spec(compose_cfg("+option=A", "server.api_key_env=SPECWS_TEST_API_KEY"))
+    vllm = build_launch_spec(typed_run(compose_cfg("+option=A", "server.api_key_env=SPECWS_TEST_API_KEY")))
     assert vllm.env["VLLM_API_KEY"] == key and "--api-key" not in vllm.args
     for recorded in (spec.to_dict(), vllm.to_dict()):
         assert key not in str(recorded)
@@ -101,6 +103,7 @@ def test_an_api_key_from_the_environment_reaches_the_servers_and_never_the_recor
     assert vllm.to_dict()["env"]["VLLM_API_KEY"] == "***"
     monkeypatch.delenv("SPECWS_TEST_API_KEY")
     with pytest.raises(Refused, match="the environment variable SPECWS_TEST_API_KEY is not set"):
-        build_launch_spec(compose_cfg("+option=A", "server.api_key_env=SPECWS_TEST_API_KEY"))
+        build_launch_spec(typed_run(compose_cfg("+option=A", "server.api_key_env=SPECWS_TEST_API_KEY")))
     with pytest.raises(Refused, match="--api-key is set in the config .*server.api_key_env"):
-        check_option(compose_cfg("+option=A", "site=blackwell", "engine.extra_args=[--api-key,sk-in-the-config]"))
+        check_option(typed_run(compose_cfg("+option=A", "site=blackwell",
+                                           "engine.extra_args=[--api-key,sk-in-the-config]")))

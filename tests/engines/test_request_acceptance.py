@@ -7,6 +7,7 @@ import math
 
 from conftest import compose_cfg
 
+from experiments.config.views import typed_run
 from experiments.engines.base import RequestAcceptance, accepted_per_position
 from experiments.engines.vllm_engine import PER_REQUEST_METRICS, VLLMAdapter
 from experiments.harness.launch import build_launch_spec
@@ -42,7 +43,7 @@ def test_the_usage_chunk_of_a_baseline_carries_no_meta() -> None:
 
 def test_only_speculative_command_lines_ask_for_per_request_metrics() -> None:
     for option, asked in (("baseline", False), ("A", True), ("C", True)):
-        args = build_launch_spec(compose_cfg(f"+option={option}")).args
+        args = build_launch_spec(typed_run(compose_cfg(f"+option={option}"))).args
         assert (PER_REQUEST_METRICS[0] in args) == asked, option
 
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import compose_cfg
 
 from experiments.config.paths import cache_dir
+from experiments.config.views import typed_run
 from experiments.engines import sglang_versions
 from experiments.engines.config import engine_tags
 from experiments.engines.sglang_engine import SGLangAdapter
@@ -53,7 +54,7 @@ def test_probe_of_an_interpreter_without_sglang() -> None:
 
 def test_every_option_and_site_passes_the_installed_releases_parser(sglang_release: str) -> None:
     cases = [(site, option) for site in SITES for option in OPTIONS] + [("h200", "E model=tiny_moe_dsv3")]
-    specs = [build_launch_spec(compose_cfg(f"+option={o.split()[0]}", f"site={s}", *o.split()[1:]))
+    specs = [build_launch_spec(typed_run(compose_cfg(f"+option={o.split()[0]}", f"site={s}", *o.split()[1:])))
              for s, o in cases]
     results = SGLangAdapter().validate_many(sys.executable, [spec.args for spec in specs])
     for (site, option), result in zip(cases, results, strict=True):
@@ -62,7 +63,7 @@ def test_every_option_and_site_passes_the_installed_releases_parser(sglang_relea
 
 
 def test_spec_uses_the_name_each_release_knows(sglang_release: str) -> None:
-    args = build_launch_spec(compose_cfg("+option=A", "site=h200", "spec.ngram.max_trie_depth=18")).args
+    args = build_launch_spec(typed_run(compose_cfg("+option=A", "site=h200", "spec.ngram.max_trie_depth=18"))).args
     assert args[args.index("--speculative-algorithm") + 1] == "NGRAM"
     assert "--cuda-graph-max-bs-decode" in args and "--cuda-graph-max-bs" not in args  # both releases know it
     assert args[args.index("--speculative-ngram-max-trie-depth") + 1] == "18"
@@ -70,7 +71,7 @@ def test_spec_uses_the_name_each_release_knows(sglang_release: str) -> None:
 
 def test_null_ngram_settings_are_left_to_sglang() -> None:
     """Option A names no trie setting: SGLang's own defaults apply, and no vLLM-only window reaches SGLang."""
-    args = build_launch_spec(compose_cfg("+option=A", "site=h200")).args
+    args = build_launch_spec(typed_run(compose_cfg("+option=A", "site=h200"))).args
     assert not [a for a in args if a.startswith("--speculative-ngram-")]
 
 
@@ -109,11 +110,11 @@ def test_rename_table_names_flags_the_parsers_know(sglang_release: str) -> None:
 
 def test_run_is_tagged_with_the_serving_release(sglang_release: str, monkeypatch) -> None:
     monkeypatch.setattr(pipeline, "_validated", {})  # its cache is per command line, not per interpreter
-    cfg = compose_cfg("+option=A", "site=h200")
-    spec, validation = pipeline.validated_spec(cfg)
+    run = typed_run(compose_cfg("+option=A", "site=h200"))
+    spec, validation = pipeline.validated_spec(run)
     assert spec.python == "python3"  # the default without SGLANG_PYTHON: the interpreter running the workspace
     assert validation.version == sglang_release == installed_sglang(sys.executable).version
-    assert run_tags(cfg, "dry_run", engine_tags(cfg, validation.version))["specws.engine_version"] == sglang_release
+    assert run_tags(run, "dry_run", engine_tags(run, validation.version))["specws.engine_version"] == sglang_release
 
 
 def test_a_parser_of_another_release_than_the_probed_one_is_refused(monkeypatch) -> None:

@@ -13,6 +13,7 @@ from conftest import compose_cfg, run_workspace
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from experiments.config.views import typed_run
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.server import Server
 
@@ -28,7 +29,7 @@ def keyed(tmp_path_factory, embedded_ready) -> Server:
     """A vLLM-CPU server another process started with `--api-key KEY` (a team's running server)."""
     cfg = compose_cfg("+option=baseline", "site=local")
     OmegaConf.update(cfg, "engine.extra_args", [*cfg.engine.extra_args, "--enforce-eager", "--api-key", KEY])
-    spec = build_launch_spec(cfg)
+    spec = build_launch_spec(typed_run(cfg))
     spec.api_key = KEY   # this process's own identity check sends it
     server = Server(spec, tmp_path_factory.mktemp("keyed") / "keyed.log")
     server.start(600)

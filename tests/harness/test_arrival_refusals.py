@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import compose_cfg, run_workspace
 
-from experiments.config.views import ConfigError, views_of
+from experiments.config.views import ConfigError, typed_run, views_of
 from experiments.harness.baseline import pair_key
 
 OPEN = ("workload.arrival=poisson", "workload.rate=2", "workload.concurrency=4")
@@ -67,7 +67,7 @@ def test_a_level_list_in_open_loop_is_refused_from_the_command_line_in_seconds(t
 
 
 def _key(*overrides: str) -> str:
-    return pair_key(compose_cfg("+option=A", *overrides), "0.32.0", "digest")
+    return pair_key(typed_run(compose_cfg("+option=A", *overrides)), "0.32.0", "digest")
 
 
 def test_open_loop_pairs_only_with_the_same_arrival_process() -> None:
@@ -89,4 +89,4 @@ def test_the_baseline_overlay_keeps_the_options_arrival_process() -> None:
     from experiments.config.overlays import with_option
 
     cfg = compose_cfg("+option=A", *OPEN)
-    assert pair_key(with_option(cfg, "baseline"), "0.32.0", "d") == pair_key(cfg, "0.32.0", "d")
+    assert pair_key(typed_run(with_option(cfg, "baseline")), "0.32.0", "d") == pair_key(typed_run(cfg), "0.32.0", "d")

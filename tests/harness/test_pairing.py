@@ -8,6 +8,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
+from experiments.config.views import typed_run
 from experiments.harness.baseline import compare_greedy, compare_sampled, find_baseline
 
 
@@ -62,7 +63,7 @@ def test_the_pairing_key_covers_what_changes_the_engine_not_its_speculation() ->
     from experiments.harness.baseline import pair_key
 
     def key(*overrides: str) -> str:
-        return pair_key(compose_cfg("+option=A", "site=local", *overrides), "0.32.0", "prompts")
+        return pair_key(typed_run(compose_cfg("+option=A", "site=local", *overrides)), "0.32.0", "prompts")
 
     plain = key()
     assert key("engine.env.VLLM_CPU_KVCACHE_SPACE=1") != plain
@@ -72,4 +73,4 @@ def test_the_pairing_key_covers_what_changes_the_engine_not_its_speculation() ->
     assert key("+engine.env.HF_TOKEN=a") == key("+engine.env.HF_TOKEN=b")   # a secret counts by name only
     assert key("workload.slo.ttft_p99_s=2.0") == plain         # targets judge both runs' records afterwards
     assert key("workload.max_tokens=32") != plain
-    assert pair_key(compose_cfg("+option=A", "site=local"), "0.32.1", "prompts") != plain
+    assert pair_key(typed_run(compose_cfg("+option=A", "site=local")), "0.32.1", "prompts") != plain

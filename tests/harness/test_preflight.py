@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import open_dict
 
 from experiments.config.paths import ROOT
+from experiments.config.views import typed_run
 from experiments.harness.head_fields import KINDS, REQUIRED_TO_LOAD
 from experiments.harness.preflight import (
     Refused,
@@ -82,17 +83,17 @@ def test_model_folder_without_config_or_tokenizer_is_refused(tmp_path: Path) -> 
     model = tmp_path / "model"
     model.mkdir()
     with pytest.raises(Refused, match=r"no Hugging Face folder at .*model \(no config\.json\); set model\.path"):
-        check_inputs(_dry(tmp_path, f"model.path={model}", "model.embedded=false"))
+        check_inputs(typed_run(_dry(tmp_path, f"model.path={model}", "model.embedded=false")))
     shutil.copy(SMOLLM2 / "config.json", model / "config.json")
     with pytest.raises(Refused, match=r"has no tokenizer files \(one of tokenizer\.json.*\); run `bin/setup`"):
-        check_inputs(_dry(tmp_path, f"model.path={model}"))
+        check_inputs(typed_run(_dry(tmp_path, f"model.path={model}")))
     shutil.copy(SMOLLM2 / "tokenizer.json", model / "tokenizer.json")
-    check_inputs(_dry(tmp_path, f"model.path={model}"))
+    check_inputs(typed_run(_dry(tmp_path, f"model.path={model}")))
 
 
 def test_a_model_that_is_not_here_passes_a_dry_run(tmp_path: Path) -> None:
     """The box's model, checked from here: its folder is checked where it is served."""
-    check_inputs(_dry(tmp_path, f"model.path={tmp_path / 'elsewhere'}"))
+    check_inputs(typed_run(_dry(tmp_path, f"model.path={tmp_path / 'elsewhere'}")))
 
 
 def test_missing_engine_interpreter_says_run_setup_even_in_a_dry_run(tmp_path: Path, monkeypatch) -> None:
@@ -106,22 +107,22 @@ def test_interpreter_without_the_engine_is_refused(tmp_path: Path) -> None:
     no_vllm = tmp_path / "python"   # this interpreter, run from a path: it has no vLLM
     no_vllm.symlink_to(sys.executable)
     with pytest.raises(Refused, match=rf"{no_vllm} \(engine\.python\) cannot import vllm; run `bin/setup`"):
-        check_engine_env(_dry(tmp_path, f"engine.python={no_vllm}"))
+        check_engine_env(typed_run(_dry(tmp_path, f"engine.python={no_vllm}")))
 
 
 def test_tracking_folder_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(Refused, match=r"tracking\.uri=sqlite:///.*cannot create the folder .*file/store"):
-        check_tracking(_dry(tmp_path, f"tracking.uri=sqlite:///{blocker / 'store' / 'mlflow.db'}"))
+        check_tracking(typed_run(_dry(tmp_path, f"tracking.uri=sqlite:///{blocker / 'store' / 'mlflow.db'}")).tracking)
     with pytest.raises(Refused, match=r"tracking\.uri=offline://.*cannot create the folder"):
-        check_tracking(_dry(tmp_path, f"tracking.uri=offline://{blocker / 'offline'}"))
+        check_tracking(typed_run(_dry(tmp_path, f"tracking.uri=offline://{blocker / 'offline'}")).tracking)
 
 
 def test_unresolvable_tracking_uri_is_refused(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(Refused, match=r"tracking\.uri cannot be resolved .*set MLFLOW_TRACKING_URI"):
-        check_tracking(compose_cfg("+option=A", "tracking=server"))
+        check_tracking(typed_run(compose_cfg("+option=A", "tracking=server")).tracking)
 
 
 def _free_port() -> int:
@@ -134,7 +135,7 @@ def test_tracking_server_that_does_not_answer_is_refused_within_seconds(tmp_path
     closed = f"http://user:s3cr3t@127.0.0.1:{_free_port()}"
     started = time.monotonic()
     with pytest.raises(Refused, match=r"tracking\.uri=http://\*\*\*@127\.0\.0\.1:\d+: no answer") as refused:
-        check_tracking(_dry(tmp_path, f"tracking.uri={closed}"))
+        check_tracking(typed_run(_dry(tmp_path, f"tracking.uri={closed}")).tracking)
     assert "s3cr3t" not in str(refused.value)
     assert time.monotonic() - started < 5
     monkeypatch.setattr(store_check, "TRACKING_TIMEOUT_S", 0.5)
@@ -143,7 +144,7 @@ def test_tracking_server_that_does_not_answer_is_refused_within_seconds(tmp_path
         silent.listen(4)
         started = time.monotonic()
         with pytest.raises(Refused, match=r"no answer within .*Timeout"):
-            check_tracking(_dry(tmp_path, f"tracking.uri=http://127.0.0.1:{silent.getsockname()[1]}"))
+            check_tracking(typed_run(_dry(tmp_path, f"tracking.uri=http://127.0.0.1:{silent.getsockname()[1]}")).tracking)
         assert time.monotonic() - started < 3
 
 
@@ -235,12 +236,12 @@ def test_every_config_json_preflight_reads_is_refused_naming_the_file(tmp_path: 
     good = _model(tmp_path / "good", json.dumps(TARGET))
     cfg = compose_cfg("+option=C", f"spec.draft_model={head}", f"model.path={good}")
     with pytest.raises(Refused, match=r"EAGLE-3 head .*head/config\.json is not valid JSON .*line 4, column 1"):
-        check_head_loads(cfg, head)
+        check_head_loads("vllm", head)
     with pytest.raises(Refused, match=r"EAGLE-3 head .*head/config\.json is not valid JSON"):
-        check_assets(cfg)
+        check_assets(typed_run(cfg))
     cfg = compose_cfg("+option=A", "spec.moe_expert_budget=4", f"model.path={target}")
     with pytest.raises(Refused, match=r"model smollm2_135m: .*target/config\.json holds a string"):
-        check_moe_model(cfg)
+        check_moe_model(typed_run(cfg))
 
 
 def test_head_checks_run_in_check_inputs_where_the_head_is_an_input(tmp_path: Path) -> None:
@@ -248,9 +249,9 @@ def test_head_checks_run_in_check_inputs_where_the_head_is_an_input(tmp_path: Pa
     missing = tmp_path / "no-head"
     store = (f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'art'}")
     with pytest.raises(Refused, match=r"EAGLE-3 head not found at .*no-head: train one with \+option=D"):
-        check_inputs(compose_cfg("+option=C", f"spec.draft_model={missing}", *store))
-    check_inputs(compose_cfg("+option=C", f"spec.draft_model={missing}", "run.dry_run=true", *store))
-    check_inputs(compose_cfg("+option=D", f"train.out_dir={missing}", *store))
+        check_inputs(typed_run(compose_cfg("+option=C", f"spec.draft_model={missing}", *store)))
+    check_inputs(typed_run(compose_cfg("+option=C", f"spec.draft_model={missing}", "run.dry_run=true", *store)))
+    check_inputs(typed_run(compose_cfg("+option=D", f"train.out_dir={missing}", *store)))
     assert not missing.exists()
 
 
@@ -301,7 +302,7 @@ def test_a_store_file_that_is_no_mlflow_store_is_refused_from_the_command_line_a
 
 def test_a_new_empty_or_mlflow_sqlite_store_passes_and_is_left_as_it_was(tmp_path: Path) -> None:
     def check(db: Path, *overrides: str) -> None:
-        check_tracking(_dry(tmp_path, f"tracking.uri=sqlite:///{db}", *overrides))
+        check_tracking(typed_run(_dry(tmp_path, f"tracking.uri=sqlite:///{db}", *overrides)).tracking)
 
     check(tmp_path / "new" / "mlflow.db")
     assert not (tmp_path / "new" / "mlflow.db").exists()
@@ -398,10 +399,10 @@ def test_an_output_folder_that_cannot_be_created_is_refused(tmp_path: Path) -> N
     HydraConfig.instance().set_config(cfg)
     try:
         with pytest.raises(Refused, match=rf"\(hydra\.run\.dir\): cannot create the folder {re.escape(str(folder))}"):
-            check_inputs(_dry(tmp_path))
+            check_inputs(typed_run(_dry(tmp_path)))
     finally:
         HydraConfig.instance().cfg = None
-    check_inputs(_dry(tmp_path))   # no Hydra: no output folder to check
+    check_inputs(typed_run(_dry(tmp_path)))   # no Hydra: no output folder to check
 
 
 def _set(head: dict, dotted: str, value) -> dict:
@@ -416,15 +417,13 @@ def _set(head: dict, dotted: str, value) -> dict:
 @pytest.mark.parametrize("field", sorted(KINDS))
 def test_every_head_field_of_the_wrong_kind_is_refused_naming_file_and_field(tmp_path: Path, field: str) -> None:
     head = _head(tmp_path / "head", json.dumps(_set(json.loads(json.dumps(FULL_HEAD)), field, "x")))
-    cfg = compose_cfg("+option=C", f"spec.draft_model={head}")
     with pytest.raises(Refused, match=rf"{re.escape(str(head / 'config.json'))}: (.*; )?{re.escape(field)} must be "):
-        check_head_loads(cfg, head)
+        check_head_loads("vllm", head)
 
 
 @pytest.mark.parametrize("field", REQUIRED_TO_LOAD)
 def test_every_head_field_the_engine_loads_is_required(tmp_path: Path, field: str) -> None:
     head = _head(tmp_path / "head", json.dumps(_without(field)))
     with pytest.raises(Refused, match=rf"{re.escape(str(head / 'config.json'))}: no {field}"):
-        check_head_loads(compose_cfg("+option=C", f"spec.draft_model={head}"), head)
-    check_head_loads(compose_cfg("+option=C", f"spec.draft_model={head.parent}"), ROOT / "experiments" / "eagle3" /
-                     "artifacts" / "smollm2_135m")   # the committed head has them all
+        check_head_loads("vllm", head)
+    check_head_loads("vllm", ROOT / "experiments" / "eagle3" / "artifacts" / "smollm2_135m")   # the committed head

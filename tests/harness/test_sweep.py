@@ -53,7 +53,7 @@ def test_a_sweep_without_an_option_starts_no_parent(tmp_path: Path) -> None:
     cb = SweepCallback()
     cb.on_multirun_start(cfg)
     assert cb.parent is None and not (tmp_path / "sweep").exists()
-    assert _parent_from_folder(cfg) is None
+    assert _parent_from_folder(Path(str(cfg.hydra.sweep.dir))) is None
 
 
 def test_a_failed_job_fails_the_sweeps_parent_run(tmp_path: Path, monkeypatch) -> None:
@@ -63,7 +63,8 @@ def test_a_failed_job_fails_the_sweeps_parent_run(tmp_path: Path, monkeypatch) -
     cb.on_multirun_start(cfg)
     parent = cb.parent_id
     assert os.environ[PARENT_ENV] == parent
-    assert _parent_from_folder(cfg) == parent == (tmp_path / "sweep" / PARENT_FILE).read_text().strip()
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    assert _parent_from_folder(sweep_dir) == parent == (sweep_dir / PARENT_FILE).read_text().strip()
     failed = JobReturn()
     failed.status = JobStatus.FAILED
     cb.on_job_end(cfg, failed)

@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -23,21 +22,14 @@ SGLANG_0_5_14 = cache_dir() / "sglang-0.5.14"
 # the host's environment that would point a plan's runs elsewhere (or write conf/local/)
 HOST_VARIABLES = ("OUT", "SPECWS_SITE", "SPECWS_DEST", "SPECWS_DEST_DONE", "PYTHONPATH", "SGLANG_PYTHON", "PYTHON")
 PYTHON = re.compile(r"(^|/)python3?$")
+# bin/ recipe -> the plan it starts
 RECIPES = {"kimi-plan": "kimi", "tp8-plan": "tp8", "load-plan": "load", "d-plan": "d", "probe": "probe"}
 
 
-def plan_name(plan: str | Path) -> str:
-    """A plan's name, from its name or its bin/ recipe."""
-    name = Path(plan).name
-    return RECIPES.get(name, name)
-
-
-def planned_steps(plan: str | Path, dest: Path, unset: Iterable[str] = (), *args: str,
-                  **knobs: str) -> dict[str, list[str]]:
+def planned_steps(plan: str, dest: Path, *args: str, **knobs: str) -> dict[str, list[str]]:
     """The plan's steps as a dry run under `dest` plans them (the folders $SPECWS_DEST=dest, $OUT=dest/out):
-    step name -> argv. args and knobs: its `key=value` settings (args may end with `--` and Hydra overrides).
-    `unset` is accepted for callers written for the bash plans: the plans read no knob from the environment."""
-    p = PLANS[plan_name(plan)]
+    step name -> argv. args and knobs: its `key=value` settings (args may end with `--` and Hydra overrides)."""
+    p = PLANS[plan]
     settings = parse_knobs(p.settings, [*(f"{k}={v}" for k, v in knobs.items()), *args])
     return {name: list(argv) for name, argv in planned(p, settings, Host(dest, dest / "out")).items()}
 

@@ -58,12 +58,12 @@ def test_the_second_data_size_reuses_the_served_heads_answers(tmp_path: Path) ->
     assert _data_settings(q25, "cuda").key() == _data_settings(fallback, "cuda").key() != _data_settings(
         full, "cuda").key()
     # a fresh host after a lost one: the carried head is served, nothing trained (no answers are cached there)
-    steps = planned_steps("d", tmp_path, (), "skip_train=true")
+    steps = planned_steps("d", tmp_path, "skip_train=true")
     assert list(steps) == ["B-new", "t07-new", "t07-committed", "B-committed"]
 
 
 def test_the_knobs_reach_the_trainer_and_the_runs(tmp_path: Path) -> None:
-    steps = planned_steps("d", tmp_path, (), "minutes=6", "q25_minutes=2", "prompts=32", "workloads=sharegpt",
+    steps = planned_steps("d", tmp_path, "minutes=6", "q25_minutes=2", "prompts=32", "workloads=sharegpt",
                           "train_extra=--device cpu", "--", "run.dry_run=true")
     full, q25 = trainer_args(steps["train"]), trainer_args(steps["q25"])
     assert (full.minutes, q25.minutes, full.device, q25.device) == (6, 2, "cpu", "cpu")

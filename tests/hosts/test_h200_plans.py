@@ -46,19 +46,19 @@ def test_the_standard_plan_measures_baseline_a_and_b_at_three_levels(tmp_path: P
 
 
 def test_measure_takes_its_options_workloads_and_overrides(tmp_path: Path) -> None:
-    steps = planned_steps("measure", tmp_path, (), "options=A", "workloads=chat", "--", "spec.num_draft_tokens=2")
+    steps = planned_steps("measure", tmp_path, "options=A", "workloads=chat", "--", "spec.num_draft_tokens=2")
     assert list(steps) == ["measure-A"] and steps["measure-A"][-1] == "spec.num_draft_tokens=2"
     assert composed(steps["measure-A"]).spec.num_draft_tokens == 2
 
 
 def test_the_pairs_rounds_compose_and_the_idle_check_follows(tmp_path: Path) -> None:
-    steps = planned_steps("pairs", tmp_path, (), "idle=true")
+    steps = planned_steps("pairs", tmp_path, "idle=true")
     assert list(steps) == ["round1-interleaved", "round2-sequential", "round3-interleaved", "idle-server"]
     cfg = composed(steps["round2-sequential"])
     assert cfg.baseline.timing == "sequential" and list(cfg.workload.concurrency) == [1, 8]
     assert cfg.workload.warmup_requests == 1 and cfg.workload.blocks == 4 and not cfg.baseline.lookup
     with pytest.raises(KnobError, match="rounds"):
-        planned_steps("pairs", tmp_path, (), "rounds=interleaved paired")
+        planned_steps("pairs", tmp_path, "rounds=interleaved paired")
 
 
 @pytest.mark.parametrize("stage,args,refusal", [

@@ -20,10 +20,10 @@ DEST = Path("/tmp/specws")
 
 def runner_steps(dest: Path, *args: str) -> dict[str, list[str]]:
     """The runner steps' overrides, as the plan passes them to experiments.run."""
-    return {name: argv[3:] for name, argv in planned_steps("kimi", dest, (), *args).items() if argv[:3] == RUN}
+    return {name: argv[3:] for name, argv in planned_steps("kimi", dest, *args).items() if argv[:3] == RUN}
 
 
-@pytest.mark.parametrize("module", sorted(started_modules(planned_steps("kimi", DEST, (), "kernels=true"))
+@pytest.mark.parametrize("module", sorted(started_modules(planned_steps("kimi", DEST, "kernels=true"))
                                           - {"experiments.run"}))
 def test_every_module_the_plan_starts_answers_help(module: str) -> None:
     module_answers_help(module)
@@ -34,7 +34,7 @@ def test_the_plans_steps_in_order(tmp_path: Path) -> None:
     assert list(steps) == ["build", "graphs", "graphs-reverse", "baseline", "B", "E", "B-mrr8", "B-mrr64",
                            "selfcheck", "A", "A-k2", "A-k8", "telemetry-ngram", "telemetry-decode",
                            "baseline-triton"]
-    assert list(planned_steps("kimi", tmp_path, (), "kernels=true"))[:2] == ["build", "kernels"]
+    assert list(planned_steps("kimi", tmp_path, "kernels=true"))[:2] == ["build", "kernels"]
     assert steps["baseline"][-1] == f"hydra.run.dir={tmp_path}/hydra/baseline"
 
 

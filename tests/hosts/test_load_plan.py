@@ -20,7 +20,7 @@ SMOLLM2 = cache_dir() / "models" / "SmolLM2-135M-Instruct"
 CHOOSER = "experiments.analysis.recommend.remeasure"
 
 
-@pytest.mark.parametrize("module", sorted(started_modules(planned_steps("load", Path("/tmp/specws"), (),
+@pytest.mark.parametrize("module", sorted(started_modules(planned_steps("load", Path("/tmp/specws"),
                                                                         "gpu_tests=tests/x.py"))
                                           - {"experiments.run"} | {CHOOSER}))
 def test_every_module_the_plan_starts_answers_help(module: str) -> None:
@@ -41,7 +41,7 @@ def test_the_open_loop_steps_override_the_closed_loop_levels(tmp_path: Path) -> 
 
 
 def test_the_knobs_narrow_the_sweeps(tmp_path: Path) -> None:
-    steps = planned_steps("load", tmp_path, (), "rates=4", "b_steps=2", "a_k=4", "open_k=2", "gpu_tests=a.py b.py")
+    steps = planned_steps("load", tmp_path, "rates=4", "b_steps=2", "a_k=4", "open_k=2", "gpu_tests=a.py b.py")
     assert list(steps)[0] == "gpu-tests" and steps["gpu-tests"][-2:] == ["a.py", "b.py"]
     assert "spec.num_steps=2" in steps["B"] and "spec.num_draft_tokens=4" in steps["A"]
     assert "spec.num_draft_tokens=2" in steps["poisson-A"] and "workload.rate=4" in steps["poisson-baseline"]

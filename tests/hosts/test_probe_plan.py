@@ -41,7 +41,7 @@ def probed(runs: list) -> set[tuple[str, str, str]]:
 
 
 def test_the_callers_overrides_come_last(tmp_path: Path) -> None:
-    steps = planned_steps("probe", tmp_path, (), "eagle=B", "--", "site=h200", "workload.blocks=2")
+    steps = planned_steps("probe", tmp_path, "eagle=B", "--", "site=h200", "workload.blocks=2")
     assert list(steps) == ["A", "B"]
     for name, swept in (("A", "spec.num_draft_tokens=2,4,8"), ("B", "spec.num_steps=1,3")):
         assert steps[name][1:] == ["-m", "experiments.run", "-m", "workload=probe", f"+option={name}", swept,

@@ -50,7 +50,7 @@ def test_every_step_runs_with_nvlink_multicast_off(tmp_path: Path) -> None:
 
 
 def test_every_runner_step_composes_on_the_tp8_site_with_its_own_overrides_last(tmp_path: Path) -> None:
-    steps = planned_steps("tp8", tmp_path, (), "overrides=workload.max_tokens=32")
+    steps = planned_steps("tp8", tmp_path, "overrides=workload.max_tokens=32")
     runs = {name: argv[3:] for name, argv in steps.items() if argv[:3] == ["python3", "-m", "experiments.run"]}
     assert set(runs) == {"baseline", "E", "B", "A"}
     for name, overrides in runs.items():
@@ -61,7 +61,7 @@ def test_every_runner_step_composes_on_the_tp8_site_with_its_own_overrides_last(
 
 
 def test_fewer_than_eight_gpus_run_only_the_all_reduce_benchmark(tmp_path: Path) -> None:
-    steps = planned_steps("tp8", tmp_path, (), "gpus=4")
+    steps = planned_steps("tp8", tmp_path, "gpus=4")
     assert set(steps) == {"allreduce", "allreduce-nvlink"} and steps["allreduce"][:2] == ["env", "NCCL_P2P_DISABLE=1"]
     assert steps["allreduce-nvlink"][-4:-2] == ["--gpus", "4"]
     out = recipe_dry_run("tp8-plan", tmp_path, "gpus=4")

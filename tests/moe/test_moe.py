@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from experiments.config.paths import ROOT
+from experiments.config.views import typed_run
 from experiments.moe.model import TinyMoeShape, make_config, model_dir, moe_routers, routing_hooks, smollm2_dir
 from experiments.moe.routing import speculative_greedy, step_distinct
 from sglang_patches import Context, PatchRefused, Targets, moe_budget
@@ -268,10 +269,10 @@ def test_option_e_refusals():
     cfg = _compose("+option=E", "model=tiny_moe_dsv3")
     assert cfg.spec.moe_expert_budget and cfg.spec.offline_drafter == "ngram"
     with pytest.raises(Refused, match="needs sglang.*python -m experiments.options.budget"):
-        check_option(cfg)                                   # local site: no SGLang, the offline path is named
+        check_option(typed_run(cfg))                     # local site: no SGLang, the offline path is named
     with pytest.raises(Refused, match="model smollm2_135m: moe_budget: model type .llama. has no routed experts"):
-        check_option(_compose("+option=E", "site=h200"))   # a dense model, by name
-    check_option(_compose("+option=E", "site=h200", "model=tiny_moe_dsv3"))   # served: tests/options/test_option_e.py
+        check_option(typed_run(_compose("+option=E", "site=h200")))   # a dense model, by name
+    check_option(typed_run(_compose("+option=E", "site=h200", "model=tiny_moe_dsv3")))   # served: test_option_e.py
 
 
 # A reduced build where the full one (`python -m experiments.moe.build`: 1024 SmolLM2 answers, 240 steps, ~15 min)

@@ -11,6 +11,7 @@ import pytest
 from conftest import compose_cfg, run_workspace
 
 from experiments.config.paths import ROOT
+from experiments.config.views import typed_run
 from experiments.engines.config import engine_tags
 from experiments.harness.launch import build_launch_spec
 from experiments.harness.preflight import Refused, check_option
@@ -22,8 +23,8 @@ SMALL_MOE = ("+option=E", "site=h200", "model=tiny_moe_dsv3")
 
 def test_e_on_h200_launches_sglang_ngram_through_the_patch_launcher_with_the_budget() -> None:
     cfg = compose_cfg(*SMALL_MOE)
-    check_option(cfg)                      # not refused
-    spec = build_launch_spec(cfg)
+    check_option(typed_run(cfg))                      # not refused
+    spec = build_launch_spec(typed_run(cfg))
     assert (spec.engine, spec.module) == ("sglang", "sglang_patches.launch")
     args = spec.args
     assert args[args.index("--speculative-algorithm") + 1] == "NGRAM"   # no EAGLE-3 head for the small MoE
@@ -35,20 +36,22 @@ def test_e_on_h200_launches_sglang_ngram_through_the_patch_launcher_with_the_bud
     assert spec.env["PYTHONPATH"].split(":")[0] == str(ROOT)             # the launcher finds sglang_patches
     assert "SPECWS_EXPERT_TELEMETRY_DIR" not in spec.env
     assert spec.to_dict()["sglang_patches"] == ["moe_budget"]
-    tags = run_tags(cfg, "measure", engine_tags(cfg, "0.5.14"))
+    tags = run_tags(typed_run(cfg), "measure", engine_tags(typed_run(cfg), "0.5.14"))
     assert tags["sglang_patches.requested"] == "moe_budget"
     assert (tags["specws.moe_expert_budget"], tags["specws.moe_num_experts"], tags["specws.moe_unbudgeted"]) == \
         ("8", "32", "false")
 
 
 def test_each_budget_is_its_own_server_and_b_equal_to_the_experts_is_unbudgeted() -> None:
-    specs = {b: build_launch_spec(compose_cfg(*SMALL_MOE, f"spec.moe_expert_budget={b}")) for b in (32, 16, 2)}
+    specs = {b: build_launch_spec(typed_run(compose_cfg(*SMALL_MOE, f"spec.moe_expert_budget={b}")))
+             for b in (32, 16, 2)}
     assert {b: s.env["SPECWS_MOE_EXPERT_BUDGET"] for b, s in specs.items()} == {32: "32", 16: "16", 2: "2"}
     assert len({s.key for s in specs.values()}) == 3
     assert len({tuple(s.args) for s in specs.values()}) == 1               # only the budget differs
     full = compose_cfg(*SMALL_MOE, "spec.moe_expert_budget=32")
     assert specs[32].env["SPECWS_SGLANG_PATCHES"] == "moe_budget"        # applied, and a no-op (below)
-    assert run_tags(full, "measure", engine_tags(full, "0.5.14"))["specws.moe_unbudgeted"] == "true"
+    full_run = typed_run(full)
+    assert run_tags(full_run, "measure", engine_tags(full_run, "0.5.14"))["specws.moe_unbudgeted"] == "true"
 
 
 def test_budget_at_the_expert_count_returns_sglangs_top_k_unchanged() -> None:
@@ -64,34 +67,34 @@ def test_budget_at_the_expert_count_returns_sglangs_top_k_unchanged() -> None:
 def test_baseline_of_e_runs_without_the_budget_patch() -> None:
     from experiments.config.overlays import with_option
 
-    spec = build_launch_spec(with_option(compose_cfg(*SMALL_MOE), "baseline"))
+    spec = build_launch_spec(typed_run(with_option(compose_cfg(*SMALL_MOE), "baseline")))
     assert "--speculative-algorithm" not in spec.args
     assert spec.env["SPECWS_SGLANG_PATCHES"] == "" and "SPECWS_MOE_EXPERT_BUDGET" not in spec.env
 
 
 def test_telemetry_adds_expert_telemetry_after_the_budget_and_needs_eager_graphs() -> None:
     with pytest.raises(Refused, match=r"engine.extra_args=\[--disable-cuda-graph\]"):
-        check_option(compose_cfg(*SMALL_MOE, "spec.moe_telemetry=true"))
+        check_option(typed_run(compose_cfg(*SMALL_MOE, "spec.moe_telemetry=true")))
     cfg = compose_cfg(*SMALL_MOE, "spec.moe_telemetry=true", "engine.extra_args=[--disable-cuda-graph]")
-    check_option(cfg)
-    spec = build_launch_spec(cfg)
+    check_option(typed_run(cfg))
+    spec = build_launch_spec(typed_run(cfg))
     assert spec.env["SPECWS_SGLANG_PATCHES"] == "moe_budget,expert_telemetry"
     assert spec.env["SPECWS_EXPERT_TELEMETRY_DIR"].endswith("moe-telemetry/tiny_moe_dsv3-B8-k4")
     assert "--disable-cuda-graph" in spec.args
 
 
 @pytest.mark.parametrize("override, words", [
-    ("spec.moe_expert_budget=0", "spec.moe_expert_budget must be a positive integer"),
+    ("spec.moe_expert_budget=0", "spec.moe_expert_budget must be > 0"),
     ("engine.module=sglang.launch_server", "need engine.module=sglang_patches.launch"),
     ("option.patches=[moe_budgett]", "moe_budgett")])
 def test_bad_budget_or_launcher_or_patch_is_refused(override: str, words: str) -> None:
     with pytest.raises(Refused, match=words):
-        check_option(compose_cfg(*SMALL_MOE, override))
+        check_option(typed_run(compose_cfg(*SMALL_MOE, override)))
 
 
 def test_local_site_refuses_naming_sglang_and_the_offline_path() -> None:
     with pytest.raises(Refused, match=r"needs sglang, which site local does not have .*experiments\.options\.budget"):
-        check_option(compose_cfg("+option=E", "model=tiny_moe_dsv3"))
+        check_option(typed_run(compose_cfg("+option=E", "model=tiny_moe_dsv3")))
 
 
 def test_e_small_moe_command_lines_pass_sglang_0_5_23_parser() -> None:
@@ -100,7 +103,7 @@ def test_e_small_moe_command_lines_pass_sglang_0_5_23_parser() -> None:
 
     cfgs = [compose_cfg(*SMALL_MOE, f"spec.moe_expert_budget={b}") for b in (32, 2)]
     cfgs.append(compose_cfg(*SMALL_MOE, "spec.moe_telemetry=true", "engine.extra_args=[--disable-cuda-graph]"))
-    results = SGLangAdapter().validate_many(sys.executable, [build_launch_spec(c).args for c in cfgs])
+    results = SGLangAdapter().validate_many(sys.executable, [build_launch_spec(typed_run(c)).args for c in cfgs])
     assert all(r.ok and r.version == sglang.__version__ for r in results), [r.error for r in results]
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from experiments.config.paths import ROOT
+from experiments.config.views import typed_run
 from sglang_patches import REGISTRY, Context, Patch, PatchRefused, Targets, When, resolve
 from sglang_patches import selfcheck as sc
 from sglang_patches.applying import applied_tag, apply_patches, parse_log
@@ -255,7 +256,7 @@ def test_sglang_launch_spec_goes_through_the_launcher_with_the_site_patches(monk
     from experiments.harness.launch import build_launch_spec
     monkeypatch.setenv("PYTHONPATH", "/opt/sglang-bundle")
     cfg = compose_cfg("+option=A", "site=blackwell", "site.patches=[sm12x_wna16_moe_triton,reach_marker]")
-    spec = build_launch_spec(cfg)
+    spec = build_launch_spec(typed_run(cfg))
     assert spec.argv[1:3] == ["-m", "sglang_patches.launch"]
     assert spec.env["SPECWS_SGLANG_PATCHES"] == "sm12x_wna16_moe_triton,reach_marker"
     assert spec.env["SPECWS_SITE"] == "blackwell"

@@ -11,6 +11,7 @@ import pytest
 from conftest import compose_cfg
 from mlflow.tracking import MlflowClient
 
+from experiments.config.views import tracking_view
 from experiments.tracking import runs
 from experiments.tracking.lifecycle import (
     FAILURE_TAG,
@@ -36,7 +37,7 @@ def mlflow_store(tmp_path: Path):
     """The workspace's store setup on a fresh SQLite file: (client, experiment id, config, db path)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = compose_cfg("+option=A", f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'artifacts'}")
-    client, exp_id = runs.setup(cfg)
+    client, exp_id = runs.setup(tracking_view(cfg))
     return client, exp_id, cfg, tmp_path / "mlflow.db"
 
 
@@ -66,7 +67,7 @@ def test_a_store_that_stays_locked_leaves_the_end_on_disk_for_the_next_start(mlf
     lock.rollback()
     assert client.get_run(run.id).info.status == "RUNNING"       # the store never took it...
     runs._checked_for_stale.clear()
-    runs.setup(cfg)                                              # ...the next start records it, reason kept
+    runs.setup(tracking_view(cfg))                                # ...the next start records it, reason kept
     after = client.get_run(run.id)
     assert after.info.status == ("FINISHED" if ending == "finished" else "FAILED")
     if ending == "failed":

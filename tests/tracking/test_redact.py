@@ -15,6 +15,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunT
 from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT
+from experiments.config.views import typed_run
 from experiments.harness.launch import LaunchSpec, build_launch_spec
 from experiments.harness.server import Server
 from experiments.tracking import redact
@@ -42,7 +43,7 @@ def test_params_tags_and_launch_spec_are_redacted_in_the_store(store: str, tmp_p
                       "+run.tags.source=https://me:s3cr3t@git.example.org/repo", f"tracking.uri={store}")
     client = MlflowClient(store)
     exp_id = client.create_experiment("redact", artifact_location=(tmp_path / "artifacts").as_uri())
-    spec = build_launch_spec(cfg)
+    spec = build_launch_spec(typed_run(cfg))
     assert spec.env["HF_TOKEN"] == "hf_abc123"   # the server itself still gets the real value
     tags = {"specws.source": str(cfg.run.tags.source), "specws.pair_key": "abc"}
     with tracked_run(client, exp_id, "r", tags, flatten(cfg)) as run:

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from experiments.config.errors import Refused
 from experiments.config.paths import ROOT
+from experiments.config.views import tracking_view, typed_run
 from experiments.tracking import runs, spool
 from experiments.tracking.lifecycle import tracked_run
 from experiments.tracking.offline_store import OfflineClient
@@ -41,7 +42,7 @@ def server_cfg(uri: str, experiment: str):
 
 def test_a_run_its_artifacts_and_dataset_go_through_the_server(server) -> None:
     cfg = server_cfg(server.uri, "through")
-    with open_run(cfg, "measure", "one") as run:
+    with open_run(typed_run(cfg), "measure", "one") as run:
         run.client.log_metric(run.id, "output_tok_s", 12.5)
         run.client.log_dict(run.id, {"ok": True}, "summary.json")
         log_prompt_dataset(run.client, run.id, "smoke", "grounded", [{"id": "p1", "text": "hi"}], "d" * 40)
@@ -63,7 +64,7 @@ def test_runners_creating_the_experiment_at_once_all_get_it(server) -> None:
     def runner() -> None:
         start.wait()
         try:
-            ids.append(runs._experiment_id(client, cfg))
+            ids.append(runs._experiment_id(client, tracking_view(cfg)))
         except Exception as exc:  # noqa: BLE001 - collected, asserted below
             errors.append(exc)
 
@@ -97,7 +98,7 @@ def test_runners_logging_one_new_prompt_set_at_once_all_record_it(server) -> Non
     """The server looks a dataset up and inserts it if missing: runners starting on the same new prompt set at once
     collide on its unique key (CI saw it with two runners); each run still ends with the one dataset as its input."""
     client = MlflowClient(server.uri)
-    exp = runs._experiment_id(client, server_cfg(server.uri, "one-prompt-set"))
+    exp = runs._experiment_id(client, tracking_view(server_cfg(server.uri, "one-prompt-set")))
     for round_ in range(4):   # a new digest each round: a new row to race for
         run_ids = [client.create_run(exp).info.run_id for _ in range(6)]
         errors = _log_dataset_at_once(client, run_ids, f"{round_}" * 40)
@@ -119,7 +120,7 @@ def outage(server, tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as env:
         for key, value in FAST_GIVE_UP.items():
             env.setenv(key, value)
-        client, exp_id = setup(cfg)
+        client, exp_id = setup(tracking_view(cfg))
         opened = {n: tracked_run(client, exp_id, n, {"specws.option": "baseline"}, {"spec.method": "none"})
                   for n in ("done", "live", "died")}
         ids = seen["ids"] = {n: cm.__enter__().id for n, cm in opened.items()}
@@ -135,7 +136,7 @@ def outage(server, tmp_path_factory) -> dict:
         _as_if_killed(MlflowClient(server.uri), server.uri, ids["died"])
         seen["before_next_runner"] = {n: MlflowClient(server.uri).get_run(i).info.status for n, i in ids.items()}
         runs._checked_for_stale.clear()    # what a new runner process starts with
-        setup(cfg)
+        setup(tracking_view(cfg))
         seen["after_next_runner"] = {n: MlflowClient(server.uri).get_run(i) for n, i in ids.items()}
         seen["live_spool_kept"] = (spool.spool_root(server.uri) / ids["live"]).exists()
         opened["live"].__exit__(None, None, None)
@@ -201,7 +202,7 @@ def test_a_spool_whose_runner_died_is_recorded_then_the_run_failed_as_stale(outa
 
 def test_a_write_the_server_refuses_is_raised_not_spooled(server) -> None:
     cfg = server_cfg(server.uri, "refused")
-    client, exp_id = setup(cfg)
+    client, exp_id = setup(tracking_view(cfg))
     with pytest.raises(MlflowException, match="Changing param values is not allowed"):
         with tracked_run(client, exp_id, "refused", {}, {"spec.method": "none"}) as run:
             client.log_param(run.id, "spec.method", "ngram")
@@ -246,9 +247,9 @@ def test_a_tracking_server_whose_database_is_down_is_refused_before_anything_sta
     an MLflow request of preflight, not found out once the measurement is being written."""
     with running_tracking_server() as own:
         cfg = server_cfg(own.uri, "database-down")
-        check_tracking(cfg)
+        check_tracking(typed_run(cfg).tracking)
         own.postgres.stop()
         started = time.monotonic()
         with pytest.raises(Refused, match=r"the tracking server answers but cannot read its store \(HTTP 5\d\d"):
-            check_tracking(cfg)
+            check_tracking(typed_run(cfg).tracking)
         assert time.monotonic() - started < 10

@@ -13,6 +13,7 @@ from conftest import compose_cfg
 from mlflow.tracking import MlflowClient
 
 from experiments.config.paths import ROOT
+from experiments.config.views import tracking_view
 from experiments.tracking.store import flatten, log_params, log_prompt_dataset, measured_digest
 
 
@@ -53,7 +54,7 @@ def test_a_run_left_running_by_a_gone_runner_fails_at_the_next_start(tmp_path) -
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = compose_cfg("+option=A", f"tracking.uri={uri}")
-    client, exp_id = runs.setup(cfg)
+    client, exp_id = runs.setup(tracking_view(cfg))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     ids, open_runs = {}, []
@@ -62,7 +63,7 @@ def test_a_run_left_running_by_a_gone_runner_fails_at_the_next_start(tmp_path) -
         ids[who] = open_runs[-1].__enter__().id   # left open: its runner never closes it
     client.set_tag(ids["gone"], RUNNER_TAG, f"{gone.pid}:1.0")
     runs._checked_for_stale.clear()
-    runs.setup(cfg)
+    runs.setup(tracking_view(cfg))
     assert client.get_run(ids["gone"]).info.status == "FAILED"
     assert "ended without closing it" in client.get_run(ids["gone"]).data.tags["specws.failure"]
     assert client.get_run(ids["alive"]).info.status == "RUNNING"
