@@ -20,7 +20,8 @@ from experiments.engines.config import available_on_site, forced_patches, given_
 from experiments.engines.knobs import refuse_unused_knobs
 from experiments.harness.head_fields import REQUIRED_TO_LOAD, check_head_fields
 from experiments.tracking.store_check import check_tracking, check_writable
-from sglang_patches import UnknownPatch, resolve
+from sglang_patches import PatchRefused, UnknownPatch
+from sglang_patches.requests import check_request
 
 # Any one of these makes a Hugging Face folder's tokenizer loadable (fast, SentencePiece, BPE, tiktoken).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "spiece.model")
@@ -66,42 +67,19 @@ def check_multicast_off(run: RunView) -> None:
                       "set " + ", ".join(f"site.env.{k}={v}" for k, v in wrong.items()))
 
 
-def _flag_is(args: list[str], flag: str, value: str) -> bool:
-    return any(a == flag and i + 1 < len(args) and args[i + 1] == value for i, a in enumerate(args)) or \
-        f"{flag}={value}" in args
-
-
 def check_patches(run: RunView) -> None:
-    """Patches exist and reach SGLang through the launcher; a budget is a positive integer (B >= the model's
-    routed experts = unbudgeted); expert telemetry runs without CUDA graphs (graph replays run no Python)."""
-    patches = sglang_patches_for(run)
+    """The SGLang patches requested meet their own rules (sglang_patches/requests.py): registered, applied by the
+    launcher, their conditions on the command line met."""
     try:
-        resolve(patches)
-    except UnknownPatch as exc:
-        raise Refused(str(exc)) from None
-    module = run.engine_start.module
-    if patches and module != "sglang_patches.launch":
-        raise Refused(f"patches {patches} need engine.module=sglang_patches.launch (it is {module})")
-    args = given_args(run)
-    if "synthetic_router" in patches and not _flag_is(args, "--load-format", "dummy"):
-        raise Refused("model.moe.router_skew replaces the router's logits (synthetic_router): only for a model "
-                      "served with random weights (--load-format dummy); set model.moe.router_skew=null to serve "
-                      "real weights")
-    if unrequested := [n for n in forced_patches(run) if n not in patches]:
-        raise Refused(f"site.patches_forced {unrequested} are not among the patches applied {patches}: "
-                      "add them to site.patches")
-    budget = str(run.spec.moe_expert_budget)
-    if "moe_budget" in patches and not (budget.isdigit() and int(budget) >= 1):
-        raise Refused(f"spec.moe_expert_budget must be a positive integer, got {budget!r}")
-    if "expert_telemetry" in patches and "--disable-cuda-graph" not in args:
-        raise Refused("spec.moe_telemetry=true counts experts in Python, which CUDA-graph replays skip: add "
-                      "'engine.extra_args=[--disable-cuda-graph]' (the baseline then runs without graphs too)")
+        check_request(sglang_patches_for(run), run.engine_start.module, given_args(run), forced_patches(run),
+                      run.spec.moe_expert_budget)
+    except (UnknownPatch, PatchRefused) as exc:
+        raise Refused(exc.args[0] if exc.args else str(exc)) from None
 
 
 def check_moe_model(run: RunView) -> None:
     """An expert budget needs routed experts: a model whose config.json is here and has none is refused by name
     (a model not on this machine, e.g. the box's Kimi-K2.5 from here, is checked where it is served)."""
-    from sglang_patches import PatchRefused
     from sglang_patches.moe_budget import refuse_unless_moe
 
     config = Path(run.model.path) / "config.json"
