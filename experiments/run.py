@@ -20,7 +20,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments.analysis.forecast_run import forecast_check, log_forecast
+from experiments.analysis.forecast.runs import forecast_check, log_forecast
 from experiments.analysis.post_run import log_run_analysis
 from experiments.analysis.verdict_block import log_verdict_block
 from experiments.config import paths

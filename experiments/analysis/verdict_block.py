@@ -3,7 +3,7 @@ description (`mlflow.note.content`, markdown, first line `Verdict: ...`) — fro
 on it: per level the paired speedup with its 95 % interval (`cat/all/speedup_c<c>[_low|_high]`, categories.py), the
 level's verdict (`specws.verdict_c<c>`, slo.py) and its prompts (`cat/all/prompts_c<c>`); the greedy check in words;
 the sample size, with a warning when it is too small to decide on; the forecast made before the run
-(`forecast_speedup_c<c>`, forecast_run.py); the commands that look further. The same per level as metrics that sort
+(`forecast_speedup_c<c>`, forecast/runs.py); the commands that look further. The same per level as metrics that sort
 first: `decision_speedup_c<c>[_low|_high]` and `decision_verdict_c<c>` (+1 pays, 0 undecided, -1 does not pay).
 
 A sweep's child also rewrites its parent's description over the children measured so far (`sweep_verdict`)."""

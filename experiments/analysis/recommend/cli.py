@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.analysis.categories import ALL, category_rows
-from experiments.analysis.forecast_prior import forecast_prior
+from experiments.analysis.forecast.prior import forecast_prior
 from experiments.analysis.recommend.decision import Candidate, Decision, Load, Range, choice_label, collapse, decide
 from experiments.analysis.recommend.flags import ADAPTIVE_FILE, choice_flags, schedule
 from experiments.analysis.report.inputs import (

@@ -1,12 +1,12 @@
 """Forecasts as a prior for the recommendation: every configuration forecast in the experiment but never measured
 is named with what its forecast says -- ruled out (its interval below 1 at every level forecast), or still open
-(measure it). Reads the experiment's forecast runs (`specws.mode=forecast`, experiments/analysis/forecast_run.py)
+(measure it). Reads the experiment's forecast runs (`specws.mode=forecast`, experiments/analysis/forecast/runs.py)
 and the measured option runs; writes nothing (the recommendation prints and stores the lines)."""
 from __future__ import annotations
 
 from typing import Any
 
-from experiments.analysis.forecast_run import option_digest
+from experiments.analysis.forecast.runs import option_digest
 from experiments.analysis.runs import run_config
 from experiments.analysis.stats import LOSES
 from experiments.analysis.words import config_words

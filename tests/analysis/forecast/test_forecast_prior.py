@@ -1,4 +1,4 @@
-"""Forecasts as the recommendation's prior (experiments/analysis/forecast_prior.py): runs stored in a temporary
+"""Forecasts as the recommendation's prior (experiments/analysis/forecast/prior.py): runs stored in a temporary
 MLflow store as the forecast run logs them; a configuration ruled out at every level is skipped, one left open is
 named with the command that measures it, one already measured is not repeated."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from experiments.analysis.forecast_prior import forecast_prior
+from experiments.analysis.forecast.prior import forecast_prior
 
 
 def log_forecast(client: MlflowClient, exp: str, k: int, levels: dict[int, tuple[float, float, float, str]],
