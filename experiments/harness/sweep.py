@@ -13,14 +13,13 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.config import paths  # noqa: F401  (registers the ws.* resolvers)
 from experiments.config.views import tracking_view
 from experiments.tracking.lifecycle import TrackedRun, tracked_run
-from experiments.tracking.redact import register_secrets, secrets_of_config
 from experiments.tracking.runs import setup
-from experiments.tracking.store import PARENT_ENV, git_commit
+from experiments.tracking.store import PARENT_ENV, git_commit, register_config_secrets
 
 SWEEP_KEYS_PREFERRED = ("spec.", "workload.")
 PARENT_FILE = "parent_run_id"   # in the sweep folder: the parent run, for jobs that run elsewhere
@@ -51,8 +50,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("option") is None:
             return
-        plain = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])   # Hydra's own is unresolvable
-        register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)))
+        register_config_secrets(config)
         self.client, exp_id = setup(tracking_view(config))
         overrides = " ".join(config.hydra.overrides.task)
         self._run_cm = tracked_run(self.client, exp_id, f"sweep-{config.option.name}", {

@@ -17,7 +17,7 @@ from experiments.tracking.offline_store import URI_PREFIX, OfflineClient
 from experiments.tracking.redact import register_secrets, secrets_of_environ
 from experiments.tracking.redacting import RedactingClient
 from experiments.tracking.spool import SpoolingClient, apply_spooled, spools
-from experiments.tracking.store import flatten, mlflow, run_tags, sqlite_file
+from experiments.tracking.store import flatten, mlflow, register_config_secrets, run_tags, sqlite_file
 
 
 @contextmanager
@@ -26,6 +26,8 @@ def open_run(run: RunView, mode: str, name: str, tags: dict[str, str] | None = N
     """A run in its experiment: the workspace's tags for `mode` (run_tags), the config's own `run.tags`, then
     `tags`; the flattened config as params unless `params` is given; ended by `tracked_run` on every way out
     (`lifecycle`: its parent_id, start_time, store_retry_s). `run.client` is the store's client."""
+    if run.config is not None:
+        register_config_secrets(run.config)
     client, exp_id = setup(run.tracking)
     user = {k: str(v) for k, v in run.run.tags.items()}
     with tracked_run(client, exp_id, name, run_tags(run, mode) | user | (tags or {}),
@@ -53,8 +55,8 @@ def _store_lock(uri: str):
 def setup(tracking: TrackingView) -> tuple[Any, str]:
     """Point MLflow at the configured store; the experiment is created with its artifact folder.
     An `offline://<folder>` URI records into plain files instead (experiments.tracking.offline_store).
-    The client redacts what it writes: the secrets of this process's environment included (the entry point
-    registers the config's); on a tracking server (http(s)) or a SQLite file it spools a run's writes to disk once
+    The client redacts what it writes: the secrets of this process's environment included (`open_run` registers the
+    config's); on a tracking server (http(s)) or a SQLite file it spools a run's writes to disk once
     the store fails (tracking.spool). Log records are redacted from here on, and MLflow prints no run URL
     (tracking.console_guard)."""
     redact_logs()

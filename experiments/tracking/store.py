@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.config.paths import ROOT
 from experiments.config.views import RunView
-from experiments.tracking.redact import redact_params
+from experiments.tracking.redact import redact_params, register_secrets, secrets_of_config
 
 try:
     import mlflow
@@ -41,6 +41,13 @@ def sqlite_file(uri: str) -> Path | None:
 # what MLflow accepts in a param name; a mapping with other keys (token strings such as '[BOS]') is data,
 # logged whole as one JSON value under its own name
 PARAM_NAME = re.compile(r"^[\w.\- :/]+$")
+
+
+def register_config_secrets(cfg: DictConfig) -> None:
+    """Mask the secrets the config holds (secret-named variables, URI passwords, secret flags) in everything this
+    process writes from now on; Hydra's own block (a sweep callback's config has it, unresolvable) is left out."""
+    plain = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    register_secrets(secrets_of_config(OmegaConf.to_container(plain, resolve=True)))
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:

@@ -110,3 +110,20 @@ def test_the_dataset_digest_follows_the_prompts_measured(store: str, tmp_path: P
     assert len(record["measured"]) == 24 and len(record["rows"]) > 24
     assert measured_digest(record["rows"], set(record["measured"]))[:36] == quick
     assert _logged_dataset(client, exp, "quick", tmp_path)[1] == quick
+
+
+def test_a_run_opened_outside_the_runner_masks_the_configs_secrets(tmp_path, monkeypatch) -> None:
+    """Entry points other than `experiments.run` (option E's offline budget, the MoE telemetry) open their runs
+    directly: the config's secrets are masked in what such a run writes, not only when run.py registered them."""
+    from experiments.config.views import typed_run
+    from experiments.tracking import redact
+    from experiments.tracking.runs import open_run
+
+    monkeypatch.setattr(redact, "_registered", set())
+    planted = "hf_planted_secret_value_42"
+    cfg = compose_cfg("+option=A", f"+engine.env.HF_TOKEN={planted}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+                      f"tracking.artifact_root={tmp_path / 'artifacts'}")
+    with open_run(typed_run(cfg), "measure", "outside") as run:
+        run.client.set_tag(run.id, "specws.note", f"token {planted}")
+    tags = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}").get_run(run.id).data.tags
+    assert planted in redact.registered_secrets() and planted not in tags["specws.note"]
