@@ -34,21 +34,21 @@ def with_option(cfg: DictConfig, name: str, sections: tuple[str, ...] = ("option
     return out
 
 
-def knobs_set_by_option(cfg: DictConfig) -> frozenset[str]:
-    """The spec settings (dotted from the root: `spec.num_steps`, `spec.ngram.max_match`) whose value is exactly the
-    one the chosen option's own yaml gives them: the option's, not the user's."""
+def set_by_option(cfg: DictConfig, knob: str) -> bool:
+    """Whether `knob` (dotted from the root: `spec.num_steps`, `spec.ngram.max_match`) has exactly the value the
+    chosen option's own yaml gives it: the option's setting, not the user's."""
     option = cfg.get("option")
     path = OPTIONS / f"{option.name}.yaml" if option is not None else None
     if path is None or not path.exists():
-        return frozenset()
-    raw = (OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}).get("spec") or {}
-    leaves = [(f"spec.{k}", v) for k, v in raw.items() if not isinstance(v, dict)]
-    leaves += [(f"spec.{k}.{k2}", v2) for k, v in raw.items() if isinstance(v, dict) for k2, v2 in v.items()]
-    return frozenset(knob for knob, value in leaves if value is not None and _same_as_option(cfg, knob, value))
-
-
-def _same_as_option(cfg: DictConfig, knob: str, value: object) -> bool:
-    nested: object = value
+        return False
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    for part in knob.split("."):
+        if not isinstance(raw, dict) or part not in raw:
+            return False
+        raw = raw[part]
+    if raw is None:
+        return False
+    nested: object = raw
     for part in reversed(knob.split(".")):
         nested = {part: nested}
     probe = OmegaConf.merge(cfg, nested)   # the option's value, resolved where the option puts it

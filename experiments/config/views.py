@@ -3,6 +3,7 @@ these dataclasses, never the config as flattened strings. OmegaConf checks the t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.closed import check_composed
 from experiments.config.errors import Refused
-from experiments.config.overlays import knobs_set_by_option
+from experiments.config.overlays import set_by_option
 
 
 class ConfigError(ValueError):
@@ -297,8 +298,11 @@ class RunView:
     health_path: str = "/health"
     option_view: OptionView | None = None
     engine_start: EngineView | None = None    # how the engine's server starts
-    option_knobs: frozenset[str] = frozenset()  # spec keys (dotted) holding exactly the option yaml's own value
     config: Any = field(default=None, compare=False, repr=False)
+
+    def set_by_option(self, knobs: Iterable[str]) -> frozenset[str]:
+        """Those of `knobs` (dotted spec keys) that hold exactly the value the option's own yaml gives them."""
+        return frozenset(k for k in knobs if self.config is not None and set_by_option(self.config, k))
 
 
 @dataclass(frozen=True)
@@ -363,8 +367,7 @@ def views_of(cfg: DictConfig) -> RunView:
                    baseline=_typed(BaselineView, cfg.get("baseline"), "baseline"),
                    run=_typed(RunModeView, cfg.get("run"), "run"),
                    health_path=str(OmegaConf.select(cfg, "engine.health_path", default="/health")),
-                   option_view=_typed(OptionView, cfg.option, "option"), engine_start=engine_view(cfg),
-                   option_knobs=knobs_set_by_option(cfg))
+                   option_view=_typed(OptionView, cfg.option, "option"), engine_start=engine_view(cfg))
 
 
 def tracking_view(cfg: DictConfig) -> TrackingView:

@@ -10,10 +10,11 @@ from experiments.engines import adapter_for
 def refuse_unused_knobs(run: RunView) -> None:
     """Raise Refused naming every spec setting a user gave that the engine would ignore. Settings the option
     overlay itself makes (e.g. option E's EAGLE steps when the model drafts with NGRAM) are the option's, not the
-    user's (`RunView.option_knobs`): they are left to the option (and still listed by EngineAdapter.unused_knobs)."""
+    user's (`RunView.set_by_option`): they are left to the option (and still listed by EngineAdapter.unused_knobs)."""
     from experiments.engines.config import sglang_patches_for
 
     reasons = adapter_for(run.engine).unused_knob_reasons(run.spec, sglang_patches_for(run))
-    users = [why for knob, why in reasons.items() if knob not in run.option_knobs]
+    owned = run.set_by_option(reasons)
+    users = [why for knob, why in reasons.items() if knob not in owned]
     if users:
         raise Refused(f"{run.engine} would not use these settings: " + "; ".join(users))
