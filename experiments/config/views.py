@@ -283,8 +283,8 @@ class RunView:
     """What a run is, typed once at the entry point and passed alone: option, engine, the model, the typed
     sections, the runner it goes to, and the composed config itself (`config`), kept for what is logged as params
     and for the baseline's overlay only."""
-    option: str
-    engine: str
+    option_view: OptionView
+    engine_start: EngineView             # how the engine's server starts
     model: ModelView
     spec: SpecView
     workload: WorkloadView
@@ -295,10 +295,19 @@ class RunView:
     server: ServerView = field(default_factory=ServerView)
     baseline: BaselineView = field(default_factory=BaselineView)
     run: RunModeView = field(default_factory=RunModeView)
-    health_path: str = "/health"
-    option_view: OptionView | None = None
-    engine_start: EngineView | None = None    # how the engine's server starts
     config: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def option(self) -> str:
+        return self.option_view.name
+
+    @property
+    def engine(self) -> str:
+        return self.engine_start.name
+
+    @property
+    def health_path(self) -> str:
+        return self.engine_start.health_path
 
     def set_by_option(self, knobs: Iterable[str]) -> frozenset[str]:
         """Those of `knobs` (dotted spec keys) that hold exactly the value the option's own yaml gives them."""
@@ -356,7 +365,8 @@ def views_of(cfg: DictConfig) -> RunView:
         raise ConfigError(f"workload.concurrency level {max(levels)} is above the engine limit "
                           f"limits.max_running_requests={limits.max_running_requests} (the site's deployment value): "
                           "it would only queue in the engine; lower the level or raise the limit")
-    return RunView(option=str(cfg.option.name), engine=str(cfg.engine.name), model=model_view(cfg),
+    return RunView(option_view=_typed(OptionView, cfg.option, "option"), engine_start=engine_view(cfg),
+                   model=model_view(cfg),
                    spec=_typed(SpecView, cfg.spec, "spec"),
                    workload=_typed(WorkloadView, cfg.workload, "workload", concurrency=levels),
                    site=_typed(SiteView, cfg.site, "site"),
@@ -365,9 +375,7 @@ def views_of(cfg: DictConfig) -> RunView:
                    config=cfg,
                    server=_typed(ServerView, cfg.get("server"), "server"),
                    baseline=_typed(BaselineView, cfg.get("baseline"), "baseline"),
-                   run=_typed(RunModeView, cfg.get("run"), "run"),
-                   health_path=str(OmegaConf.select(cfg, "engine.health_path", default="/health")),
-                   option_view=_typed(OptionView, cfg.option, "option"), engine_start=engine_view(cfg))
+                   run=_typed(RunModeView, cfg.get("run"), "run"))
 
 
 def tracking_view(cfg: DictConfig) -> TrackingView:

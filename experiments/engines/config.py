@@ -37,7 +37,7 @@ def sglang_patches_for(run: RunView) -> list[str]:
     if not adapter_of(run).patchable:
         return []
     router = ["synthetic_router"] if run.model.router_skew is not None else []
-    names = [*router, *run.site.patches, *(run.option_view.patches if run.option_view else []),
+    names = [*router, *run.site.patches, *run.option_view.patches,
              *(["expert_telemetry"] if run.spec.moe_telemetry else [])]
     return list(dict.fromkeys(str(n) for n in names))
 
